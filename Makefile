@@ -1,0 +1,49 @@
+# nmt-serve. `make serve` and `make test` work on a fresh machine with Python 3.11.
+PYTHON ?= python3.11
+VENV := .venv
+BIN := $(VENV)/bin
+MODEL_REPOSITORY ?= models/en-fr/1
+# torch 2.13.0 is the CPU build on this machine's disk; any other version pulls CUDA.
+TORCH := torch==2.13.0
+
+# Packages whose French catalogs join the system's in the shipped corpus (pinned: the corpus is deterministic).
+CORPUS_PACKAGES := django==5.2.19 sphinx==9.0.4 wagtail==8.0.1 django-allauth==65.22.1 weblate==5.14.3 pretix==2026.8.0
+BUILD := build
+TRAIN_MINUTES ?= 85
+
+.PHONY: serve test model proto image loadtest clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+
+# serving only: no torch
+$(VENV)/.serve: pyproject.toml | $(BIN)/python
+	$(BIN)/pip install -q -e .
+	touch $@
+
+# everything the tests and the offline pipeline need
+$(VENV)/.dev: pyproject.toml | $(BIN)/python
+	$(BIN)/pip install -q $(TORCH)
+	$(BIN)/pip install -q -e '.[export,loadtest,dev]'
+	touch $@ $(VENV)/.serve
+
+serve: $(VENV)/.serve
+	$(BIN)/nmt serve --model-repository $(MODEL_REPOSITORY)
+
+test: $(VENV)/.dev
+	$(BIN)/python -m pytest -q
+
+proto: $(VENV)/.dev
+	$(BIN)/python -m grpc_tools.protoc -Iproto --python_out=service/proto --pyi_out=service/proto --grpc_python_out=service/proto proto/nmt/v1/translation.proto
+
+# corpus -> tokenizers -> training -> evaluation -> export, end to end (about 90 minutes on 2 cores)
+model: $(VENV)/.dev
+	$(BIN)/pip install -q --no-deps --target $(BUILD)/corpus-packages $(CORPUS_PACKAGES)
+	$(BIN)/nmt corpus --catalogs /usr/share/locale $(BUILD)/corpus-packages --output $(BUILD)/corpus
+	$(BIN)/nmt tokenizers $(BUILD)/corpus --output $(BUILD)/tokenizers
+	$(BIN)/nmt train $(BUILD)/corpus --tokenizers $(BUILD)/tokenizers --output $(BUILD)/train --minutes $(TRAIN_MINUTES)
+	$(BIN)/nmt evaluate $(BUILD)/train/best.pt --corpus $(BUILD)/corpus --output $(BUILD)/eval
+
+clean:
+	rm -rf $(BUILD) .pytest_cache

@@ -1,0 +1,73 @@
+"""Self-contained checkpoints: model config, weights, both SentencePiece models."""
+
+from __future__ import annotations
+
+import io
+import pickle
+import zipfile
+from dataclasses import dataclass, fields
+from pathlib import Path
+
+import torch
+
+from export.model import ModelConfig, RNNSearch
+
+KIND = "nmt-serve/rnnsearch/v1"
+
+
+class CheckpointError(Exception):
+    """A one-line problem with a checkpoint file, naming the path."""
+
+
+@dataclass
+class Checkpoint:
+    config: ModelConfig
+    weights: dict[str, torch.Tensor]
+    tokenizers: dict[str, bytes]  # "source.model", "target.model": SentencePiece protos
+    extra: dict  # training state, optimizer (absent from shipped checkpoints)
+
+    def model(self) -> RNNSearch:
+        model = RNNSearch(self.config)
+        try:
+            model.load_state_dict({k: v.float() for k, v in self.weights.items()})
+        except RuntimeError as e:
+            raise CheckpointError(f"weights do not fit the config: {str(e).splitlines()[0]}") from None
+        return model.eval()
+
+
+def save_checkpoint(path: Path, model: RNNSearch, tokenizers: dict[str, bytes], *,
+                    extra: dict | None = None, half: bool = False) -> None:
+    """Write atomically; ``half`` stores fp16 weights (the shipped, smaller file)."""
+    weights = {k: (v.half() if half and v.is_floating_point() else v).clone()
+               for k, v in model.state_dict().items()}
+    tmp = path.with_suffix(".tmp")
+    torch.save({"kind": KIND, "config": model.config.to_dict(), "model": weights,
+                "tokenizers": tokenizers, "extra": extra or {}}, tmp)
+    tmp.replace(path)
+
+
+def load_checkpoint(path: Path) -> Checkpoint:
+    """Load and check a checkpoint; every problem is a one-line CheckpointError."""
+    if not path.is_file():
+        raise CheckpointError(f"{path}: checkpoint does not exist")
+    try:
+        raw = torch.load(path, map_location="cpu", weights_only=True)
+    except (RuntimeError, pickle.UnpicklingError, EOFError, zipfile.BadZipFile, OSError, io.UnsupportedOperation) as e:
+        raise CheckpointError(f"{path}: not a PyTorch checkpoint ({str(e).splitlines()[0][:120]})") from None
+    if not isinstance(raw, dict) or raw.get("kind") != KIND:
+        raise CheckpointError(f"{path}: not an nmt-serve RNNsearch checkpoint (kind {raw.get('kind') if isinstance(raw, dict) else type(raw).__name__!r})")
+    known = {f.name for f in fields(ModelConfig)}
+    unknown = set(raw["config"]) - known
+    if unknown:
+        raise CheckpointError(f"{path}: unknown model config fields {sorted(unknown)}")
+    try:
+        config = ModelConfig(**raw["config"])
+    except (TypeError, ValueError) as e:
+        raise CheckpointError(f"{path}: bad model config ({e})") from None
+    ckpt = Checkpoint(config=config, weights=raw["model"], tokenizers=raw.get("tokenizers", {}),
+                      extra=raw.get("extra", {}))
+    try:
+        ckpt.model()
+    except CheckpointError as e:
+        raise CheckpointError(f"{path}: {e}") from None
+    return ckpt

@@ -1,0 +1,131 @@
+"""Offline subcommands of ``nmt`` (entry-point group ``nmt.commands``).
+
+Every expected failure (missing path, corrupt catalog, empty corpus, foreign
+checkpoint) is one line on stderr and exit status 2, not a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import sys
+from pathlib import Path
+from typing import Callable
+
+from export.checkpoint import CheckpointError
+from export.corpus import CorpusError
+from service.errors import ModelRepositoryError
+
+EXPECTED = (CorpusError, CheckpointError, ModelRepositoryError, FileExistsError, FileNotFoundError, ValueError)
+
+
+def one_line_errors(name: str) -> Callable:
+    def wrap(fn: Callable[[list[str]], int]) -> Callable[[list[str]], int]:
+        @functools.wraps(fn)
+        def run(argv: list[str]) -> int:
+            try:
+                return fn(argv) or 0
+            except EXPECTED as e:
+                print(f"nmt {name}: error: {str(e).splitlines()[0] if str(e) else type(e).__name__}",
+                      file=sys.stderr)
+                return 2
+        return run
+    return wrap
+
+
+@one_line_errors("corpus")
+def corpus_main(argv: list[str]) -> int:
+    from export import corpus
+
+    p = argparse.ArgumentParser(prog="nmt corpus", description=corpus.__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--output", "-o", type=Path, required=True, help="corpus directory to write")
+    p.add_argument("--catalogs", type=Path, nargs="*", default=None,
+                   help="directories searched for */fr/LC_MESSAGES/*.po|mo "
+                        "(default: /usr/share/locale and the installed Python packages)")
+    p.add_argument("--no-catalogs", action="store_true", help="use only --tsv/--parallel data")
+    p.add_argument("--exclude", nargs="*", default=list(corpus.DEFAULT_EXCLUDE),
+                   help="gettext domains (glob) to skip (default: %(default)s)")
+    p.add_argument("--tsv", type=Path, action="append", default=[], help="source<TAB>target file")
+    p.add_argument("--parallel", type=Path, nargs=2, action="append", default=[],
+                   metavar=("SOURCE", "TARGET"), help="two line-aligned text files")
+    p.add_argument("--max-chars", type=int, default=corpus.CorpusConfig.max_chars)
+    args = p.parse_args(argv)
+    roots = [] if args.no_catalogs else (args.catalogs or corpus.default_roots())
+    parallel = [(t, None) for t in args.tsv] + [(s, t) for s, t in args.parallel]
+    if not roots and not parallel:
+        raise CorpusError("no input: give --catalogs, --tsv or --parallel")
+    corpus.build(roots, args.output, config=corpus.CorpusConfig(max_chars=args.max_chars),
+                 parallel=parallel, exclude=tuple(args.exclude))
+    return 0
+
+
+@one_line_errors("tokenizers")
+def tokenizers_main(argv: list[str]) -> int:
+    from export import tokenizers
+
+    p = argparse.ArgumentParser(prog="nmt tokenizers", description=tokenizers.__doc__)
+    p.add_argument("corpus", type=Path, help="corpus directory (train.jsonl)")
+    p.add_argument("--output", "-o", type=Path, required=True)
+    p.add_argument("--src-vocab-size", type=int, default=8000)
+    p.add_argument("--tgt-vocab-size", type=int, default=8000)
+    args = p.parse_args(argv)
+    src, tgt = tokenizers.train(args.corpus, args.output, src_vocab_size=args.src_vocab_size,
+                                tgt_vocab_size=args.tgt_vocab_size)
+    print(f"tokenizers: {src} {tgt}")
+    return 0
+
+
+@one_line_errors("train")
+def train_main(argv: list[str]) -> int:
+    from export import train
+
+    d = train.TrainConfig()
+    p = argparse.ArgumentParser(prog="nmt train", description=train.__doc__)
+    p.add_argument("corpus", type=Path, help="corpus directory (train.jsonl, valid.jsonl)")
+    p.add_argument("--tokenizers", type=Path, required=True, help="directory with source.model, target.model")
+    p.add_argument("--output", "-o", type=Path, required=True, help="run directory (best.pt, last.pt)")
+    p.add_argument("--minutes", type=float, default=d.minutes, help="time budget")
+    p.add_argument("--max-epochs", type=int, default=d.max_epochs)
+    p.add_argument("--batch-tokens", type=int, default=d.batch_tokens)
+    p.add_argument("--lr", type=float, default=d.lr)
+    p.add_argument("--validate-minutes", type=float, default=d.validate_minutes)
+    p.add_argument("--seed", type=int, default=d.seed)
+    p.add_argument("--threads", type=int, default=d.threads)
+    p.add_argument("--resume", type=Path, help="continue from a last.pt")
+    for name in ("emb_size", "enc_hidden_size", "dec_hidden_size", "attn_size", "out_size"):
+        p.add_argument(f"--{name.replace('_', '-')}", type=int)
+    p.add_argument("--dropout", type=float)
+    args = p.parse_args(argv)
+    model_config = {k: getattr(args, k) for k in ("emb_size", "enc_hidden_size", "dec_hidden_size",
+                                                  "attn_size", "out_size", "dropout")
+                    if getattr(args, k) is not None}
+    config = train.TrainConfig(minutes=args.minutes, max_epochs=args.max_epochs,
+                               batch_tokens=args.batch_tokens, lr=args.lr,
+                               validate_minutes=args.validate_minutes, seed=args.seed,
+                               threads=args.threads)
+    best = train.train(args.corpus, args.tokenizers, args.output, model_config=model_config,
+                       config=config, resume=args.resume)
+    print(f"best checkpoint: {best}")
+    return 0
+
+
+@one_line_errors("evaluate")
+def evaluate_main(argv: list[str]) -> int:
+    from export import evaluate
+
+    return evaluate.main(argv)
+
+
+@one_line_errors("export")
+def export_main(argv: list[str]) -> int:
+    from export import onnx_export
+
+    return onnx_export.main(argv)
+
+
+@one_line_errors("verify")
+def verify_main(argv: list[str]) -> int:
+    from export import verify
+
+    return verify.main(argv)

@@ -1,0 +1,202 @@
+"""Training: teacher forcing, Adam, clipping, token-budget length buckets.
+
+Writes ``<out>/last.pt`` at every validation (resumable) and ``<out>/best.pt``
+when the validation BLEU improves. A checkpoint is self-contained: model
+config, weights and both SentencePiece models.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import sacrebleu
+import torch
+import torch.nn.functional as F
+from tqdm import tqdm
+
+from export.checkpoint import load_checkpoint, save_checkpoint
+from export.corpus import Pair, read_split
+from export.model import ModelConfig, RNNSearch
+from export.search import greedy
+from service.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Optimisation settings (stored in the checkpoint beside the model config)."""
+
+    minutes: float = 60.0  # wall-clock budget; training stops after it
+    max_epochs: int = 1000
+    batch_tokens: int = 3000  # padded target tokens per batch
+    max_len: int = 100  # pairs with longer source or target (pieces) are skipped
+    lr: float = 1e-3
+    clip_norm: float = 1.0
+    label_smoothing: float = 0.1
+    validate_minutes: float = 5.0  # time between validations
+    bleu_slice: int = 400  # validation sentences decoded for BLEU
+    seed: int = 1
+    threads: int = 2
+
+
+Example = tuple[list[int], list[int]]  # (source ids with EOS, target ids with EOS)
+
+
+def encode_pairs(pairs: list[Pair], tok: Tokenizer, max_len: int) -> list[Example]:
+    out = []
+    for p in pairs:
+        src = tok.source.encode(p.src) + [EOS_ID]
+        tgt = tok.encode_target(p.tgt)
+        if len(src) <= max_len and len(tgt) <= max_len:
+            out.append((src, tgt))
+    return out
+
+
+def make_batches(data: list[Example], batch_tokens: int, rng: random.Random) -> list[list[int]]:
+    """Indices grouped by length (with noise), each batch within the token budget."""
+    order = sorted(range(len(data)), key=lambda i: (len(data[i][0]) + rng.random() * 2, len(data[i][1])))
+    batches, cur, longest = [], [], 0
+    for i in order:
+        n = max(len(data[i][0]), len(data[i][1]) + 1)
+        if cur and max(longest, n) * (len(cur) + 1) > batch_tokens:
+            batches.append(cur)
+            cur, longest = [], 0
+        cur.append(i)
+        longest = max(longest, n)
+    if cur:
+        batches.append(cur)
+    rng.shuffle(batches)
+    return batches
+
+
+def collate(examples: list[Example]) -> tuple[torch.Tensor, ...]:
+    """-> src (batch, src_len), src_lengths (batch,), tgt_in, tgt_out (batch, tgt_len)."""
+    src_len = max(len(s) for s, _ in examples)
+    tgt_len = max(len(t) for _, t in examples)
+    src = torch.full((len(examples), src_len), PAD_ID, dtype=torch.long)
+    tgt_in = torch.full((len(examples), tgt_len), PAD_ID, dtype=torch.long)
+    tgt_out = torch.full((len(examples), tgt_len), PAD_ID, dtype=torch.long)
+    for b, (s, t) in enumerate(examples):
+        src[b, : len(s)] = torch.tensor(s)
+        tgt_in[b, : len(t)] = torch.tensor([BOS_ID] + t[:-1])
+        tgt_out[b, : len(t)] = torch.tensor(t)
+    lengths = torch.tensor([len(s) for s, _ in examples])
+    return src, lengths, tgt_in, tgt_out
+
+
+def loss_on(model: RNNSearch, batch: tuple[torch.Tensor, ...], smoothing: float) -> tuple[torch.Tensor, int]:
+    src, lengths, tgt_in, tgt_out = batch
+    logits, _ = model(src, lengths, tgt_in)
+    loss = F.cross_entropy(logits.flatten(0, 1), tgt_out.flatten(), ignore_index=PAD_ID,
+                           label_smoothing=smoothing, reduction="sum")
+    return loss, int((tgt_out != PAD_ID).sum())
+
+
+@torch.inference_mode()
+def validate(model: RNNSearch, data: list[Example], pairs: list[Pair], tok: Tokenizer,
+             cfg: TrainConfig) -> tuple[float, float]:
+    """(per-token NLL on the whole split, greedy BLEU on a slice as users see it)."""
+    model.eval()
+    total, count = 0.0, 0
+    for idx in make_batches(data, cfg.batch_tokens, random.Random(0)):
+        loss, n = loss_on(model, collate([data[i] for i in idx]), 0.0)
+        total, count = total + float(loss), count + n
+    hyps, refs = [], []
+    sl = pairs[: cfg.bleu_slice]
+    for start in range(0, len(sl), 64):
+        chunk = sl[start:start + 64]
+        enc = [tok.encode(p.src_raw) for p in chunk]
+        src, lengths, _, _ = collate([(e.ids, [EOS_ID]) for e in enc])
+        for e, p, h in zip(enc, chunk, greedy(model, src, lengths)):
+            hyps.append(tok.decode(h.tokens, e.placeholders))
+            refs.append(p.tgt_raw)
+    model.train()
+    return total / max(count, 1), sacrebleu.corpus_bleu(hyps, [refs]).score
+
+
+def train(corpus_dir: Path, tokenizer_dir: Path, out_dir: Path, *, model_config: dict | None = None,
+          config: TrainConfig = TrainConfig(), resume: Path | None = None, log=print) -> Path:
+    """Train until the time budget or epoch limit; returns the best checkpoint's path."""
+    torch.set_num_threads(config.threads)
+    random.seed(config.seed)
+    torch.manual_seed(config.seed)
+    tok = Tokenizer(tokenizer_dir / "source.model", tokenizer_dir / "target.model")
+    sp_files = {"source.model": (tokenizer_dir / "source.model").read_bytes(),
+                "target.model": (tokenizer_dir / "target.model").read_bytes()}
+    train_pairs = read_split(corpus_dir / "train.jsonl")
+    valid_pairs = read_split(corpus_dir / "valid.jsonl")
+    train_data = encode_pairs(train_pairs, tok, config.max_len)
+    valid_data = encode_pairs(valid_pairs, tok, config.max_len)
+    if not train_data:
+        raise ValueError(f"{corpus_dir / 'train.jsonl'}: no usable training pairs")
+
+    state: dict = {"step": 0, "epoch": 0, "best_bleu": -1.0, "elapsed": 0.0}
+    if resume is not None:
+        ckpt = load_checkpoint(resume)
+        mcfg = ckpt.config
+        model = RNNSearch(mcfg)
+        model.load_state_dict(ckpt.weights)
+        state.update(ckpt.extra.get("train_state", {}))
+    else:
+        mcfg = ModelConfig(src_vocab_size=tok.source.get_piece_size(),
+                           tgt_vocab_size=tok.target.get_piece_size(), **(model_config or {}))
+        model = RNNSearch(mcfg)
+    opt = torch.optim.Adam(model.parameters(), lr=config.lr)
+    sched = torch.optim.lr_scheduler.ReduceLROnPlateau(opt, mode="max", factor=0.5, patience=2)
+    if resume is not None and "optimizer" in ckpt.extra:
+        opt.load_state_dict(ckpt.extra["optimizer"])
+        sched.load_state_dict(ckpt.extra["scheduler"])
+    out_dir.mkdir(parents=True, exist_ok=True)
+    log(f"model: {model.num_parameters() / 1e6:.2f}M parameters {asdict(mcfg)}")
+    log(f"data: {len(train_data)} train, {len(valid_data)} valid examples")
+
+    def checkpoint(path: Path) -> None:
+        save_checkpoint(path, model, sp_files, extra={
+            "train_config": asdict(config), "train_state": dict(state),
+            "optimizer": opt.state_dict(), "scheduler": sched.state_dict()})
+
+    def validate_and_save() -> None:
+        state["elapsed"] = time.monotonic() - start
+        v_loss, v_bleu = validate(model, valid_data, valid_pairs, tok, config)
+        sched.step(v_bleu)
+        improved = v_bleu > state["best_bleu"]
+        if improved:
+            state["best_bleu"] = v_bleu
+            checkpoint(out_dir / "best.pt")
+        checkpoint(out_dir / "last.pt")
+        log(f"step {state['step']} epoch {state['epoch'] + 1} {state['elapsed'] / 60:.1f} min: "
+            f"valid loss {v_loss:.3f} ppl {math.exp(v_loss):.1f} greedy BLEU {v_bleu:.2f}"
+            f"{' (best)' if improved else ''} lr {opt.param_groups[0]['lr']:.2e}")
+
+    start = time.monotonic() - state["elapsed"]
+    last_valid = time.monotonic()
+    model.train()
+    rng = random.Random(config.seed + state["epoch"])
+    out_of_time = False
+    while not out_of_time and state["epoch"] < config.max_epochs:
+        batches = make_batches(train_data, config.batch_tokens, rng)
+        bar = tqdm(batches, desc=f"epoch {state['epoch'] + 1}", mininterval=10, leave=False)
+        tokens_seen, t0 = 0, time.monotonic()
+        for idx in bar:
+            loss, n = loss_on(model, collate([train_data[i] for i in idx]), config.label_smoothing)
+            opt.zero_grad(set_to_none=True)
+            (loss / n).backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), config.clip_norm)
+            opt.step()
+            state["step"] += 1
+            tokens_seen += n
+            bar.set_postfix(loss=f"{loss.item() / n:.3f}",
+                            tok_s=f"{tokens_seen / (time.monotonic() - t0):.0f}", refresh=False)
+            out_of_time = time.monotonic() - start > config.minutes * 60
+            if out_of_time:
+                break
+            if time.monotonic() - last_valid > config.validate_minutes * 60:
+                validate_and_save()
+                last_valid = time.monotonic()
+        else:
+            state["epoch"] += 1
+    validate_and_save()  # the final weights always get a validation (and best.pt a candidate)
+    return out_dir / "best.pt"

@@ -1,0 +1,38 @@
+"""The closed set of error kinds. Mapped to gRPC status codes in one place
+(``service.server.GRPC_CODES``); messages name the field, the limit and the value.
+"""
+
+from __future__ import annotations
+
+import enum
+
+
+class ErrorKind(enum.Enum):
+    INVALID_ARGUMENT = "invalid_argument"  # a request field is out of its limits
+    NOT_FOUND = "not_found"  # unknown model
+    RESOURCE_EXHAUSTED = "resource_exhausted"  # queue full, message too large
+    DEADLINE_EXCEEDED = "deadline_exceeded"  # the client's deadline passed mid-decode
+    CANCELLED = "cancelled"  # the client went away
+    UNAVAILABLE = "unavailable"  # draining for shutdown
+    INTERNAL = "internal"  # a bug or a runtime failure
+
+
+class NmtError(Exception):
+    """An error with a kind; the message is what the client reads."""
+
+    def __init__(self, kind: ErrorKind, message: str) -> None:
+        super().__init__(message)
+        self.kind = kind
+        self.message = message
+
+
+def invalid(field: str, limit: str, value: object) -> NmtError:
+    """INVALID_ARGUMENT naming the field, the limit and the given value."""
+    shown = repr(value)
+    if len(shown) > 60:
+        shown = shown[:57] + "..."
+    return NmtError(ErrorKind.INVALID_ARGUMENT, f"{field} must be {limit}, got {shown}")
+
+
+class ModelRepositoryError(Exception):
+    """A model repository that cannot be served; the message names the file."""

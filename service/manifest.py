@@ -1,0 +1,154 @@
+"""The model repository contract: ``models/<name>/<version>/manifest.json``.
+
+Written by ``nmt export`` (offline), read by the server (online). Torch-free.
+
+The two graphs (names of inputs and outputs are part of the contract):
+
+``encoder.onnx``
+    inputs   src_ids      int64   (batch, src_len)      source piece ids, EOS last, PAD after
+             src_lengths  int64   (batch,)              real length of each row (EOS included)
+    outputs  annotations  float32 (batch, src_len, ctx_size)   h_j, both directions
+             keys         float32 (batch, src_len, attn_size)  U h_j + b
+             init_state   float32 (batch, dec_hidden_size)     s_0 = tanh(W_s backward h_1)
+
+``decoder_step.onnx``
+    inputs   prev_tokens  int64   (rows,)               y_{i-1} (BOS at the first step)
+             state        float32 (rows, dec_hidden_size)     s_{i-1}
+             annotations  float32 (rows, src_len, ctx_size)
+             keys         float32 (rows, src_len, attn_size)
+             src_mask     bool    (rows, src_len)       True on real source tokens
+             k            int64   ()                    how many top entries to return
+    outputs  log_probs    float32 (rows, vocab_size)    log p(y_i | ...)
+             topk_log_probs float32 (rows, k)           the k largest, descending
+             topk_ids     int64   (rows, k)
+             next_state   float32 (rows, dec_hidden_size)     s_i
+             attention    float32 (rows, src_len)       alpha_i (scored with s_{i-1})
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from service.errors import ModelRepositoryError
+
+FORMAT = "nmt-serve/model-repository/v1"
+MANIFEST = "manifest.json"
+
+ENCODER_INPUTS = {"src_ids": ["batch", "src_len"], "src_lengths": ["batch"]}
+ENCODER_OUTPUTS = {"annotations": ["batch", "src_len", "ctx_size"],
+                   "keys": ["batch", "src_len", "attn_size"],
+                   "init_state": ["batch", "dec_hidden_size"]}
+DECODER_INPUTS = {"prev_tokens": ["rows"], "state": ["rows", "dec_hidden_size"],
+                  "annotations": ["rows", "src_len", "ctx_size"],
+                  "keys": ["rows", "src_len", "attn_size"], "src_mask": ["rows", "src_len"],
+                  "k": []}
+DECODER_OUTPUTS = {"log_probs": ["rows", "vocab_size"], "topk_log_probs": ["rows", "k"],
+                   "topk_ids": ["rows", "k"], "next_state": ["rows", "dec_hidden_size"],
+                   "attention": ["rows", "src_len"]}
+
+
+@dataclass(frozen=True)
+class GraphFiles:
+    """One precision's pair of graphs, relative to the repository."""
+
+    encoder: str
+    decoder_step: str
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """A loaded, checksum-verified model repository."""
+
+    root: Path  # the repository directory
+    name: str  # e.g. "en-fr"
+    version: str  # e.g. "1"
+    model_config: dict[str, Any]  # the export-side ModelConfig, as a dict
+    special_ids: dict[str, int]  # pad, unk, bos, eos
+    source_tokenizer: str  # SentencePiece model file
+    target_tokenizer: str
+    graphs: dict[str, GraphFiles]  # precision ("fp32", "int8") -> graph files
+    files: dict[str, str]  # file -> sha256
+    raw: dict[str, Any]  # the whole manifest (quality, parity, versions, ...)
+
+    def path(self, file: str) -> Path:
+        return self.root / file
+
+    @property
+    def max_source_tokens(self) -> int:
+        return int(self.raw.get("limits", {}).get("max_source_tokens", 200))
+
+    @property
+    def sha256(self) -> str:
+        """Checksum of the manifest file itself: identifies this exact repository."""
+        return sha256_file(self.root / MANIFEST)
+
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def checksums(root: Path, files: list[str]) -> dict[str, str]:
+    """file -> sha256 for the manifest's ``files`` field."""
+    return {f: sha256_file(root / f) for f in sorted(files)}
+
+
+def write_manifest(root: Path, manifest: dict[str, Any]) -> Path:
+    """Write ``manifest.json`` (keys sorted, stable across runs)."""
+    out = root / MANIFEST
+    out.write_text(json.dumps(manifest, indent=1, sort_keys=True, ensure_ascii=False) + "\n")
+    return out
+
+
+def load_manifest(root: Path, *, verify: bool = True) -> Manifest:
+    """Read a repository's manifest; with ``verify``, check every file's sha256.
+
+    Raises ModelRepositoryError naming the file for a missing directory, a
+    missing or unreadable manifest, a missing file or a checksum mismatch.
+    """
+    root = Path(root)
+    if not root.is_dir():
+        raise ModelRepositoryError(f"{root}: model repository directory does not exist")
+    mpath = root / MANIFEST
+    if not mpath.is_file():
+        raise ModelRepositoryError(f"{mpath}: manifest missing")
+    try:
+        raw = json.loads(mpath.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ModelRepositoryError(f"{mpath}: not valid JSON ({e})") from None
+    if not isinstance(raw, dict) or raw.get("format") != FORMAT:
+        found = raw.get("format") if isinstance(raw, dict) else type(raw).__name__
+        raise ModelRepositoryError(f"{mpath}: format must be {FORMAT!r}, got {found!r}")
+    try:
+        manifest = Manifest(
+            root=root, name=str(raw["name"]), version=str(raw["version"]),
+            model_config=dict(raw["model_config"]), special_ids=dict(raw["special_ids"]),
+            source_tokenizer=raw["tokenizers"]["source"], target_tokenizer=raw["tokenizers"]["target"],
+            graphs={p: GraphFiles(encoder=g["encoder"], decoder_step=g["decoder_step"])
+                    for p, g in raw["graphs"].items()},
+            files=dict(raw["files"]), raw=raw)
+    except (KeyError, TypeError, AttributeError) as e:
+        raise ModelRepositoryError(f"{mpath}: missing or malformed field {e}") from None
+    referenced = {manifest.source_tokenizer, manifest.target_tokenizer}
+    for g in manifest.graphs.values():
+        referenced |= {g.encoder, g.decoder_step}
+    unlisted = sorted(referenced - set(manifest.files))
+    if unlisted:
+        raise ModelRepositoryError(f"{mpath}: files {unlisted} have no checksum in the manifest")
+    if verify:
+        for file, expected in sorted(manifest.files.items()):
+            path = root / file
+            if not path.is_file():
+                raise ModelRepositoryError(f"{path}: file listed in the manifest is missing")
+            actual = sha256_file(path)
+            if actual != expected:
+                raise ModelRepositoryError(
+                    f"{path}: sha256 mismatch (manifest {expected[:12]}…, file {actual[:12]}…)")
+    return manifest

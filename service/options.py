@@ -1,0 +1,64 @@
+"""Decoding options, named once (proto, Python, docs), validated in one function."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from service.errors import invalid
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Server-side limits on what one request may ask for."""
+
+    max_beam_size: int = 16
+    max_decoding_length: int = 512  # target tokens, hard cap
+    max_length_ratio: float = 10.0  # cap on DecodingOptions.max_length_ratio
+    max_source_tokens: int = 200  # source pieces per text (the model's maximum input)
+    max_text_chars: int = 2000  # characters per text, checked before tokenizing
+    max_texts: int = 64  # texts per request
+
+
+@dataclass(frozen=True)
+class DecodingOptions:
+    """Per-request decoding options (the proto's ``DecodingOptions``)."""
+
+    beam_size: int = 1  # 1 = greedy
+    num_hypotheses: int = 1  # returned per text, <= beam_size
+    length_penalty: float = 1.0  # rank by score / length ** length_penalty (0 = raw sum)
+    max_decoding_length: int = 256  # target tokens, EOS excluded
+    max_length_ratio: float = 3.0  # target tokens <= ratio * source tokens + 5
+    return_scores: bool = True
+    return_attention: bool = False
+
+    def max_target_length(self, source_length: int) -> int:
+        """Target tokens allowed for a source of ``source_length`` pieces."""
+        return max(1, min(self.max_decoding_length, int(self.max_length_ratio * source_length) + 5))
+
+
+def validate_options(options: DecodingOptions, limits: Limits) -> DecodingOptions:
+    """Return ``options`` if every field is within ``limits``; raise INVALID_ARGUMENT otherwise."""
+    if not 1 <= options.beam_size <= limits.max_beam_size:
+        raise invalid("options.beam_size", f"between 1 and {limits.max_beam_size}", options.beam_size)
+    if not 1 <= options.num_hypotheses <= options.beam_size:
+        raise invalid("options.num_hypotheses", f"between 1 and beam_size ({options.beam_size})",
+                      options.num_hypotheses)
+    if not 0.0 <= options.length_penalty <= 10.0:
+        raise invalid("options.length_penalty", "between 0 and 10", options.length_penalty)
+    if not 1 <= options.max_decoding_length <= limits.max_decoding_length:
+        raise invalid("options.max_decoding_length", f"between 1 and {limits.max_decoding_length}",
+                      options.max_decoding_length)
+    if not 0.0 < options.max_length_ratio <= limits.max_length_ratio:
+        raise invalid("options.max_length_ratio", f"in (0, {limits.max_length_ratio}]",
+                      options.max_length_ratio)
+    return options
+
+
+def validate_text(text: str, index: int, limits: Limits) -> str:
+    """Reject an empty, whitespace-only or oversized text (before tokenizing)."""
+    field = f"texts[{index}]"
+    if not text.strip():
+        raise invalid(field, "a non-empty, non-whitespace string", text)
+    if len(text) > limits.max_text_chars:
+        raise invalid(f"{field} length", f"at most {limits.max_text_chars} characters", len(text))
+    return text

@@ -1,0 +1,130 @@
+"""Placeholder protection for software messages.
+
+Format directives (``%s``, ``%-7ld``, ``%(name)s``, ``{0}``, ``{name}``,
+``$VAR``, ``<tag>``) must survive translation byte for byte. Before the model
+sees a message each one is replaced by a reserved token ``｟k｠`` (k = order of
+appearance in the source); after translation the tokens are put back. The
+reserved tokens are user-defined symbols of the SentencePiece models, so they
+are never split, and the model learns to move them as units.
+
+Shared by the corpus builder (offline) and the server (online): torch-free.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+MAX_PLACEHOLDERS = 16
+"""Reserved tokens ``｟0｠`` .. ``｟15｠``; messages with more are not protected."""
+
+_OPEN, _CLOSE = "\uff5f", "\uff60"  # ｟ ｠: never seen in real messages
+
+# Order matters: the first alternative that matches at a position wins.
+_PATTERN = re.compile(
+    r"""
+      %%                                            # literal percent
+    | %\([A-Za-z_][\w.]*\)[-+#0]*\d*(?:\.\d+)?[diouxXeEfFgGcrsa]  # %(name)s
+    | %(?:\d+\$)?[-+#0]*(?:\d+|\*)?(?:\.(?:\d+|\*))?(?:hh|h|ll|l|L|q|j|z|Z|t|I64|I32|I)?[diouxXeEfFgGcrsSpaAnm]
+    | \{\{|\}\}                                     # escaped braces
+    | \{[A-Za-z_0-9][\w.\[\]]*(?:![rsa])?(?::[^{}]*)?\}   # {0} {name} {x.attr!r:>10}
+    | \$\{[A-Za-z_]\w*\}|\$[A-Za-z_]\w*             # ${VAR} $VAR
+    | </?[A-Za-z][\w:.-]*(?:\s+[^<>]*?)?/?>         # <b> </a> <a href="..."> <br/>
+    """,
+    re.VERBOSE,
+)
+_TOKEN = re.compile(re.escape(_OPEN) + r"(\d+)" + re.escape(_CLOSE))
+
+
+def token(index: int) -> str:
+    """The reserved token for the placeholder at ``index``."""
+    return f"{_OPEN}{index}{_CLOSE}"
+
+
+def reserved_tokens() -> list[str]:
+    """Every reserved token, for SentencePiece's ``user_defined_symbols``."""
+    return [token(i) for i in range(MAX_PLACEHOLDERS)]
+
+
+def find(text: str) -> list[str]:
+    """The placeholders of ``text``, in order of appearance."""
+    return [m.group(0) for m in _PATTERN.finditer(text)]
+
+
+@dataclass(frozen=True)
+class Protected:
+    """A message with its placeholders replaced by reserved tokens."""
+
+    text: str  # the message with ``｟k｠`` in place of each placeholder
+    placeholders: tuple[str, ...]  # placeholder k, verbatim from the source
+
+
+def protect(text: str) -> Protected:
+    """Replace each placeholder of a source message by ``｟k｠``.
+
+    Messages with more than ``MAX_PLACEHOLDERS`` placeholders keep the ones past
+    the limit verbatim (they are then translated as ordinary text).
+    """
+    found: list[str] = []
+
+    def repl(m: re.Match[str]) -> str:
+        if len(found) >= MAX_PLACEHOLDERS:
+            return m.group(0)
+        found.append(m.group(0))
+        return token(len(found) - 1)
+
+    return Protected(text=_PATTERN.sub(repl, text), placeholders=tuple(found))
+
+
+def protect_target(text: str, placeholders: tuple[str, ...]) -> str | None:
+    """Replace a reference translation's placeholders with the source's tokens.
+
+    The i-th occurrence of a placeholder string in the target takes the token of
+    its i-th occurrence in the source. Returns None when the target's
+    placeholders are not exactly the source's (as a multiset): such a pair
+    would teach the model to drop or invent one.
+    """
+    used: set[int] = set()
+    ok = True
+
+    def repl(m: re.Match[str]) -> str:
+        nonlocal ok
+        for i, p in enumerate(placeholders):
+            if p == m.group(0) and i not in used:
+                used.add(i)
+                return token(i)
+        ok = False
+        return m.group(0)
+
+    out = _PATTERN.sub(repl, text)
+    if not ok or len(used) != len(placeholders):
+        return None
+    return out
+
+
+def restore(text: str, placeholders: tuple[str, ...]) -> str:
+    """Put the source's placeholders back in place of the reserved tokens.
+
+    A token the source does not have is dropped (the model invented it); a
+    placeholder the output lost is appended at the end, so a translation never
+    loses or invents a placeholder.
+    """
+    seen: set[int] = set()
+    invented = False
+
+    def repl(m: re.Match[str]) -> str:
+        nonlocal invented
+        k = int(m.group(1))
+        if k >= len(placeholders) or k in seen:
+            invented = True
+            return ""
+        seen.add(k)
+        return placeholders[k]
+
+    out = _TOKEN.sub(repl, text)
+    if invented:
+        out = re.sub(r"  +", " ", out).strip()
+    missing = [p for k, p in enumerate(placeholders) if k not in seen]
+    if missing:
+        out = " ".join([out.rstrip(), *missing])
+    return out

@@ -1,0 +1,149 @@
+"""Shared fixtures: tiny corpora, tokenizers and models made by the tests themselves.
+
+- ``tiny_checkpoint``: a small untrained RNNsearch with real SentencePiece models
+  (software-message-like sentences with placeholders). Seconds to make.
+- ``reversal_checkpoint``: a small RNNsearch trained here to reverse digit
+  strings (lengths 3 to 12): a real, accurate model whose attention must lie on
+  the anti-diagonal. About a minute on 2 cores; made once per session.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import pytest
+
+TINY_SENTENCES = [
+    ("Delete %s files?", "Supprimer %s fichiers ?"),
+    ("Open the file", "Ouvrir le fichier"),
+    ("Save the file", "Enregistrer le fichier"),
+    ("Cannot open %(name)s", "Impossible d'ouvrir %(name)s"),
+    ("{0} of {1} items", "{0} sur {1} éléments"),
+    ("Set $HOME first", "Définissez d'abord $HOME"),
+    ("Click <b>here</b>", "Cliquez <b>ici</b>"),
+    ("The red car", "La voiture rouge"),
+    ("The green house", "La maison verte"),
+    ("Unknown option", "Option inconnue"),
+    ("Invalid password", "Mot de passe invalide"),
+    ("File not found", "Fichier introuvable"),
+    ("Print the version and exit", "Afficher la version et quitter"),
+    ("size %-7ld bytes", "taille %-7ld octets"),
+]
+
+REVERSAL_MODEL = {"emb_size": 32, "enc_hidden_size": 64, "dec_hidden_size": 64,
+                  "attn_size": 64, "out_size": 32, "dropout": 0.0}
+
+
+def write_pairs(path: Path, pairs: list[tuple[str, str]]) -> None:
+    """Write raw (source, target) pairs as a corpus split file."""
+    from service import placeholders
+
+    with path.open("w", encoding="utf-8") as f:
+        for src, tgt in pairs:
+            prot = placeholders.protect(src)
+            tgt_prot = placeholders.protect_target(tgt, prot.placeholders)
+            assert tgt_prot is not None, (src, tgt)
+            f.write(json.dumps({"src": prot.text, "tgt": tgt_prot, "placeholders": list(prot.placeholders),
+                                "src_raw": src, "tgt_raw": tgt}, ensure_ascii=False) + "\n")
+
+
+def make_corpus(root: Path, train: list[tuple[str, str]], valid: list[tuple[str, str]],
+                test: list[tuple[str, str]] | None = None) -> Path:
+    root.mkdir(parents=True, exist_ok=True)
+    write_pairs(root / "train.jsonl", train)
+    write_pairs(root / "valid.jsonl", valid)
+    write_pairs(root / "test.jsonl", test if test is not None else valid)
+    return root
+
+
+def digit_pairs(n: int, seed: int) -> list[tuple[str, str]]:
+    rng = random.Random(seed)
+    out = []
+    for _ in range(n):
+        digits = [str(rng.randrange(10)) for _ in range(rng.randint(3, 12))]
+        out.append((" ".join(digits), " ".join(reversed(digits))))
+    return out
+
+
+@pytest.fixture(scope="session")
+def tiny_corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("tiny_corpus")
+    return make_corpus(root, TINY_SENTENCES * 3, TINY_SENTENCES[:6])
+
+
+@pytest.fixture(scope="session")
+def tiny_tokenizers(tiny_corpus: Path) -> Path:
+    from export import tokenizers
+
+    out = tiny_corpus.parent / "tiny_tokenizers"
+    tokenizers.train(tiny_corpus, out, src_vocab_size=60, tgt_vocab_size=60)
+    return out
+
+
+def _save_untrained(tok_dir: Path, out: Path, seed: int = 0, **sizes: int) -> Path:
+    import torch
+
+    from export.checkpoint import save_checkpoint
+    from export.model import ModelConfig, RNNSearch
+    from service.tokenizer import Tokenizer
+
+    tok = Tokenizer(tok_dir / "source.model", tok_dir / "target.model")
+    torch.manual_seed(seed)
+    config = ModelConfig(src_vocab_size=tok.source.get_piece_size(),
+                         tgt_vocab_size=tok.target.get_piece_size(), **sizes)
+    model = RNNSearch(config).eval()
+    save_checkpoint(out, model, {"source.model": (tok_dir / "source.model").read_bytes(),
+                                 "target.model": (tok_dir / "target.model").read_bytes()})
+    return out
+
+
+@pytest.fixture(scope="session")
+def tiny_checkpoint(tiny_tokenizers: Path) -> Path:
+    """An untrained tiny model (random weights) with real tokenizers."""
+    return _save_untrained(tiny_tokenizers, tiny_tokenizers.parent / "tiny.pt", emb_size=16,
+                           enc_hidden_size=16, dec_hidden_size=24, attn_size=20, out_size=12,
+                           dropout=0.0)
+
+
+@pytest.fixture(scope="session")
+def reversal_corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("reversal_corpus")
+    return make_corpus(root, digit_pairs(6000, seed=1), digit_pairs(200, seed=2), digit_pairs(300, seed=3))
+
+
+@pytest.fixture(scope="session")
+def reversal_checkpoint(reversal_corpus: Path) -> Path:
+    """A small RNNsearch trained to reverse digit strings (the sanity task)."""
+    from export import tokenizers, train
+
+    tok_dir = reversal_corpus.parent / "reversal_tokenizers"
+    tokenizers.train(reversal_corpus, tok_dir, src_vocab_size=40, tgt_vocab_size=40)
+    config = train.TrainConfig(minutes=15, max_epochs=8, batch_tokens=1200, lr=3e-3,
+                               label_smoothing=0.0, validate_minutes=0.5, bleu_slice=100)
+    return train.train(reversal_corpus, tok_dir, reversal_corpus.parent / "reversal_run",
+                       model_config=REVERSAL_MODEL, config=config, log=lambda *_: None)
+
+
+@pytest.fixture(scope="session")
+def tiny_repository(tiny_checkpoint: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """``tiny_checkpoint`` exported and verified: a model repository ``.../en-fr/1`` with
+    fp32 and int8 graphs (greedy parity measured on random sources). Do not modify it:
+    copy it first (``shutil.copytree``)."""
+    from export.onnx_export import export_repository
+
+    out = tmp_path_factory.mktemp("tiny_repository") / "en-fr" / "1"
+    return export_repository(tiny_checkpoint, out, name="en-fr", version="1", quantize=True)
+
+
+@pytest.fixture(scope="session")
+def reversal_repository(reversal_checkpoint: Path, reversal_corpus: Path,
+                        tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """``reversal_checkpoint`` exported and verified (fp32 and int8, greedy parity on the
+    reversal test split): a model repository ``.../reversal/1``. Copy before modifying."""
+    from export.onnx_export import export_repository
+
+    out = tmp_path_factory.mktemp("reversal_repository") / "reversal" / "1"
+    return export_repository(reversal_checkpoint, out, name="reversal", version="1", quantize=True,
+                             test_split=reversal_corpus / "test.jsonl")

@@ -1,0 +1,95 @@
+"""RNNsearch: padding invariance, masks, checkpoints."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from export.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
+from export.model import ModelConfig, RNNSearch
+from export.search import greedy
+from export.train import collate
+
+CONFIG = ModelConfig(src_vocab_size=30, tgt_vocab_size=25, emb_size=12, enc_hidden_size=10,
+                     dec_hidden_size=14, attn_size=9, out_size=6, dropout=0.0)
+
+
+@pytest.fixture()
+def model() -> RNNSearch:
+    torch.manual_seed(0)
+    return RNNSearch(CONFIG).eval()
+
+
+def _batch(lengths: list[int], seed: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    rows = [torch.randint(4, CONFIG.src_vocab_size, (n - 1,), generator=g).tolist() + [CONFIG.eos_id]
+            for n in lengths]
+    src, lens, _, _ = collate([(r, [CONFIG.eos_id]) for r in rows])
+    return src, lens
+
+
+@torch.inference_mode()
+def test_encoder_and_step_are_padding_invariant(model: RNNSearch) -> None:
+    src, lens = _batch([4, 9, 6])
+    ann, keys, state = model.encoder(src, lens)
+    for b, n in enumerate(lens.tolist()):
+        a1, k1, s1 = model.encoder(src[b:b + 1, :n], lens[b:b + 1])
+        torch.testing.assert_close(ann[b, :n], a1[0], atol=1e-6, rtol=0)
+        torch.testing.assert_close(keys[b, :n], k1[0], atol=1e-6, rtol=0)
+        torch.testing.assert_close(state[b], s1[0], atol=1e-6, rtol=0)  # backward h_1 saw no padding
+        prev = torch.tensor([CONFIG.bos_id])
+        lp_alone, st_alone, al_alone = model.step_log_probs(prev, s1, a1, k1, src[b:b + 1, :n] != 0)
+        lp, st, al = model.step_log_probs(prev, state[b:b + 1], ann[b:b + 1], keys[b:b + 1], src[b:b + 1] != 0)
+        torch.testing.assert_close(lp, lp_alone, atol=1e-5, rtol=0)
+        torch.testing.assert_close(st, st_alone, atol=1e-6, rtol=0)
+        torch.testing.assert_close(al[:, :n], al_alone, atol=1e-6, rtol=0)
+        assert float(al[:, n:].abs().sum()) == 0.0  # no attention on padding
+
+
+@torch.inference_mode()
+def test_all_padding_row_gives_no_nan(model: RNNSearch) -> None:
+    src, lens = _batch([3, 5])
+    ann, keys, state = model.encoder(src, lens)
+    mask = torch.zeros_like(src, dtype=torch.bool)
+    lp, st, al = model.step_log_probs(torch.tensor([2, 2]), state, ann, keys, mask)
+    assert torch.isfinite(lp).all() and torch.isfinite(al).all() and torch.isfinite(st).all()
+
+
+def test_greedy_is_batch_invariant(model: RNNSearch) -> None:
+    src, lens = _batch([4, 9, 6, 2], seed=3)
+    together = greedy(model, src, lens, max_len=12)
+    for b, n in enumerate(lens.tolist()):
+        alone = greedy(model, src[b:b + 1, :n], lens[b:b + 1], max_len=12)[0]
+        assert alone.tokens == together[b].tokens
+        assert alone.score == pytest.approx(together[b].score, abs=1e-4)
+
+
+def test_config_validation() -> None:
+    with pytest.raises(ValueError, match="dec_hidden_size must be > 0, got 0"):
+        ModelConfig(src_vocab_size=5, tgt_vocab_size=5, dec_hidden_size=0)
+    with pytest.raises(ValueError, match="dropout"):
+        ModelConfig(src_vocab_size=5, tgt_vocab_size=5, dropout=1.5)
+
+
+def test_checkpoint_round_trip_and_bad_files(model: RNNSearch, tmp_path: Path) -> None:
+    path = tmp_path / "m.pt"
+    save_checkpoint(path, model, {"source.model": b"x", "target.model": b"y"})
+    ckpt = load_checkpoint(path)
+    assert ckpt.config == CONFIG and ckpt.tokenizers["source.model"] == b"x"
+    for k, v in model.state_dict().items():
+        assert torch.equal(ckpt.model().state_dict()[k], v)
+    with pytest.raises(CheckpointError, match="does not exist"):
+        load_checkpoint(tmp_path / "nope.pt")
+    (tmp_path / "junk.pt").write_bytes(b"not a checkpoint")
+    with pytest.raises(CheckpointError, match="junk.pt: not a PyTorch checkpoint"):
+        load_checkpoint(tmp_path / "junk.pt")
+    torch.save({"weights": {}}, tmp_path / "foreign.pt")
+    with pytest.raises(CheckpointError, match="foreign.pt: not an nmt-serve RNNsearch checkpoint"):
+        load_checkpoint(tmp_path / "foreign.pt")
+    raw = torch.load(path, weights_only=True)
+    raw["config"]["dec_hidden_size"] = 20  # another config than the weights'
+    torch.save(raw, tmp_path / "other.pt")
+    with pytest.raises(CheckpointError, match="other.pt: weights do not fit the config"):
+        load_checkpoint(tmp_path / "other.pt")

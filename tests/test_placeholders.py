@@ -1,0 +1,48 @@
+"""Placeholder protection: every kind survives a round trip; nothing lost or invented."""
+
+from __future__ import annotations
+
+import pytest
+
+from service import placeholders as ph
+
+
+@pytest.mark.parametrize("text, found", [
+    ("Delete %s files?", ["%s"]),
+    ("size %-7ld bytes", ["%-7ld"]),
+    ("Hello %(name)s, 100%% done", ["%(name)s", "%%"]),
+    ("{0} of {count:>3}", ["{0}", "{count:>3}"]),
+    ("Set $HOME or ${PATH}", ["$HOME", "${PATH}"]),
+    ('Click <a href="%(url)s">here</a><br/>', ['<a href="%(url)s">', "</a>", "<br/>"]),
+    ("%1$s and %2$d", ["%1$s", "%2$d"]),
+    ("50% done, a < b > c", []),
+])
+def test_find_and_round_trip(text: str, found: list[str]) -> None:
+    assert ph.find(text) == found
+    prot = ph.protect(text)
+    assert list(prot.placeholders) == found
+    assert all(p not in prot.text for p in found if p != "%%")
+    assert ph.restore(prot.text, prot.placeholders) == text
+
+
+def test_target_uses_the_sources_tokens_in_any_order() -> None:
+    prot = ph.protect("From %s to %d")
+    assert ph.protect_target("Vers %d depuis %s", prot.placeholders) == "Vers ｟1｠ depuis ｟0｠"
+    assert ph.protect_target("Depuis %s", prot.placeholders) is None  # lost one
+    assert ph.protect_target("De %s à %d %x", prot.placeholders) is None  # invented one
+
+
+def test_restore_never_loses_or_invents() -> None:
+    values = ("%s", "{name}")
+    assert ph.restore("a ｟1｠ b", values) == "a {name} b %s"  # lost ｟0｠: appended
+    assert ph.restore("a ｟0｠ ｟7｠ ｟1｠", values) == "a %s {name}"  # invented ｟7｠: dropped
+    assert ph.restore("｟0｠ ｟0｠ ｟1｠", values) == "%s {name}"  # duplicated: kept once
+
+
+def test_reserved_tokens_are_distinct() -> None:
+    tokens = ph.reserved_tokens()
+    assert len(set(tokens)) == ph.MAX_PLACEHOLDERS
+    many = " ".join(f"%{i}$s" for i in range(1, ph.MAX_PLACEHOLDERS + 3))
+    prot = ph.protect(many)
+    assert len(prot.placeholders) == ph.MAX_PLACEHOLDERS
+    assert ph.restore(prot.text, prot.placeholders) == many
