@@ -71,3 +71,10 @@ def load_checkpoint(path: Path) -> Checkpoint:
     except CheckpointError as e:
         raise CheckpointError(f"{path}: {e}") from None
     return ckpt
+
+
+def release(checkpoint: Path, output: Path) -> None:
+    """The shipped form of a checkpoint: fp16 weights, training state kept, optimizer dropped."""
+    ckpt = load_checkpoint(checkpoint)
+    extra = {k: v for k, v in ckpt.extra.items() if k not in ("optimizer", "scheduler")}
+    save_checkpoint(output, ckpt.model(), ckpt.tokenizers, extra=extra, half=True)

@@ -110,6 +110,24 @@ def train_main(argv: list[str]) -> int:
     return 0
 
 
+@one_line_errors("release")
+def release_main(argv: list[str]) -> int:
+    from export.checkpoint import release
+
+    p = argparse.ArgumentParser(prog="nmt release",
+                                description="Strip a training checkpoint for shipping: fp16 weights, "
+                                            "no optimizer state (half the size; evaluate and export the result).")
+    p.add_argument("checkpoint", type=Path)
+    p.add_argument("output", type=Path)
+    p.add_argument("--force", action="store_true", help="overwrite an existing output")
+    args = p.parse_args(argv)
+    if args.output.exists() and not args.force:
+        raise FileExistsError(f"{args.output}: exists (use --force to overwrite)")
+    release(args.checkpoint, args.output)
+    print(f"released {args.checkpoint} -> {args.output} ({args.output.stat().st_size / 1e6:.1f} MB)")
+    return 0
+
+
 @one_line_errors("evaluate")
 def evaluate_main(argv: list[str]) -> int:
     from export import evaluate

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -67,9 +68,22 @@ def decode(model: RNNSearch, tok: Tokenizer, sources: list[str], *, beam_size: i
     return Decoded(name, texts, normalized, time.perf_counter() - start)
 
 
-def scores(decoded: Decoded, pairs: list[Pair]) -> dict:
+def letters(text: str) -> str:
+    """A source reduced to its lower-case letters and spaces (for the near-duplicate check)."""
+    return " ".join(re.sub(r"[^\w ]|[\d_]", " ", text.lower()).split())
+
+
+def _bleu(decoded: Decoded, refs: list[str], idx: list[int]) -> float:
+    return round(sacrebleu.corpus_bleu([decoded.texts[i] for i in idx], [[refs[i] for i in idx]]).score, 2)
+
+
+def scores(decoded: Decoded, pairs: list[Pair], train_letters: set[str]) -> dict:
+    """``train_letters``: the train sources reduced by ``letters``; test sentences that
+    match one differ from a training source only by case, digits, punctuation or
+    placeholders, and are left out of ``bleu_unseen``."""
     refs = [p.tgt_raw for p in pairs]
     plain = [i for i, p in enumerate(pairs) if not p.placeholders]
+    unseen = [i for i, p in enumerate(pairs) if letters(p.src) not in train_letters]
     by_length = {}
     for lo, hi in LENGTH_BUCKETS:
         idx = [i for i, p in enumerate(pairs) if lo <= len(p.src_raw.split()) <= hi]
@@ -80,9 +94,10 @@ def scores(decoded: Decoded, pairs: list[Pair]) -> dict:
     return {
         "bleu": round(sacrebleu.corpus_bleu(decoded.texts, [refs]).score, 2),
         "chrf": round(sacrebleu.corpus_chrf(decoded.texts, [refs]).score, 2),
-        "bleu_without_placeholders": round(sacrebleu.corpus_bleu(
-            [decoded.texts[i] for i in plain], [[refs[i] for i in plain]]).score, 2),
+        "bleu_without_placeholders": _bleu(decoded, refs, plain),
         "sentences_without_placeholders": len(plain),
+        "bleu_unseen": _bleu(decoded, refs, unseen),
+        "sentences_unseen": len(unseen),
         "bleu_normalized": round(sacrebleu.corpus_bleu(decoded.normalized, [[p.tgt for p in pairs]]).score, 2),
         "placeholders_kept": round(kept / len(pairs), 4),
         "bleu_by_source_words": by_length,
@@ -130,11 +145,12 @@ def _label(piece: str) -> str:
 
 
 def markdown(results: dict) -> str:
-    lines = ["| decoder | BLEU | chrF | BLEU w/o placeholders | BLEU normalized | placeholders kept | seconds |",
-             "|---|---|---|---|---|---|---|"]
+    lines = ["| decoder | BLEU | chrF | BLEU w/o placeholders | BLEU unseen | BLEU normalized "
+             "| placeholders kept | seconds |", "|---|---|---|---|---|---|---|---|"]
     for name, r in results["decoders"].items():
         lines.append(f"| {name} | {r['bleu']} | {r['chrf']} | {r['bleu_without_placeholders']} | "
-                     f"{r['bleu_normalized']} | {r['placeholders_kept']:.2%} | {r['seconds']} |")
+                     f"{r['bleu_unseen']} | {r['bleu_normalized']} | {r['placeholders_kept']:.2%} "
+                     f"| {r['seconds']} |")
     lines += ["", "BLEU by source length (words):", "",
               "| words | sentences | " + " | ".join(results["decoders"]) + " |",
               "|---|---|" + "---|" * len(results["decoders"])]
@@ -156,13 +172,15 @@ def evaluate(checkpoint: Path, corpus_dir: Path, output: Path, *, split: str = "
         (output / name).write_bytes(data)
     tok = Tokenizer(output / "source.model", output / "target.model")
     pairs = read_split(corpus_dir / f"{split}.jsonl")[:max_sentences]
+    train_file = corpus_dir / "train.jsonl"
+    train_letters = {letters(p.src) for p in read_split(train_file)} if train_file.exists() else set()
     results = {"checkpoint": str(checkpoint), "split": split, "sentences": len(pairs),
                "parameters": model.num_parameters(), "model_config": ckpt.config.to_dict(),
                "train_state": ckpt.extra.get("train_state", {}), "decoders": {}, "heatmaps": []}
     for beam in sorted({1, beam_size}):
         decoded = decode(model, tok, [p.src_raw for p in pairs], beam_size=beam)
         (output / f"{decoded.name}.txt").write_text("\n".join(decoded.texts) + "\n")
-        results["decoders"][decoded.name] = scores(decoded, pairs)
+        results["decoders"][decoded.name] = scores(decoded, pairs, train_letters)
         log(f"{decoded.name}: {results['decoders'][decoded.name]}")
     for k, sentence in enumerate(heatmaps):
         translation = heatmap(model, tok, sentence, output / f"heatmap-{k}.png")

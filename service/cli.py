@@ -20,6 +20,7 @@ OFFLINE = {
     "corpus": "build the parallel corpus from gettext catalogs",
     "tokenizers": "train the SentencePiece models on the train split",
     "train": "train an RNNsearch model",
+    "release": "strip a training checkpoint for shipping (fp16, no optimizer)",
     "evaluate": "BLEU/chrF, BLEU by length, attention heatmaps",
     "export": "export a checkpoint to an ONNX model repository",
     "verify": "verify a model repository against its checkpoint",

@@ -15,6 +15,17 @@ from pathlib import Path
 
 import pytest
 
+
+@pytest.fixture(scope="session", autouse=True)
+def _one_torch_thread() -> None:
+    """Tiny models run fastest on one thread, and two would oversubscribe a busy 2-core machine."""
+    try:
+        import torch
+    except ImportError:
+        return
+    torch.set_num_threads(1)
+
+
 TINY_SENTENCES = [
     ("Delete %s files?", "Supprimer %s fichiers ?"),
     ("Open the file", "Ouvrir le fichier"),
@@ -121,7 +132,7 @@ def reversal_checkpoint(reversal_corpus: Path) -> Path:
     tok_dir = reversal_corpus.parent / "reversal_tokenizers"
     tokenizers.train(reversal_corpus, tok_dir, src_vocab_size=40, tgt_vocab_size=40)
     config = train.TrainConfig(minutes=15, max_epochs=8, batch_tokens=1200, lr=3e-3,
-                               label_smoothing=0.0, validate_minutes=0.5, bleu_slice=100)
+                               label_smoothing=0.0, validate_minutes=0.5, bleu_slice=100, threads=1)
     return train.train(reversal_corpus, tok_dir, reversal_corpus.parent / "reversal_run",
                        model_config=REVERSAL_MODEL, config=config, log=lambda *_: None)
 

@@ -93,3 +93,19 @@ def test_checkpoint_round_trip_and_bad_files(model: RNNSearch, tmp_path: Path) -
     torch.save(raw, tmp_path / "other.pt")
     with pytest.raises(CheckpointError, match="other.pt: weights do not fit the config"):
         load_checkpoint(tmp_path / "other.pt")
+
+
+def test_release_halves_weights_and_drops_optimizer(model: RNNSearch, tmp_path: Path) -> None:
+    from export.checkpoint import release
+
+    save_checkpoint(tmp_path / "train.pt", model, {"source.model": b"x", "target.model": b"y"},
+                    extra={"optimizer": {"state": {}}, "train_state": {"step": 7}})
+    release(tmp_path / "train.pt", tmp_path / "ship.pt")
+    shipped = load_checkpoint(tmp_path / "ship.pt")
+    assert all(v.dtype == torch.float16 for v in shipped.weights.values() if v.is_floating_point())
+    assert "optimizer" not in shipped.extra and shipped.extra["train_state"] == {"step": 7}
+    src, lens = _batch([5, 3])
+    with torch.inference_mode():
+        full = model.encoder(src, lens)[0]
+        half = shipped.model().encoder(src, lens)[0]
+    torch.testing.assert_close(half, full, atol=5e-3, rtol=0)  # fp16 rounding only

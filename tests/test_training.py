@@ -34,7 +34,7 @@ def test_overfits_twenty_pairs(tmp_path: Path) -> None:
     logs: list[str] = []
     best = train.train(corpus_dir, tmp_path / "tok", tmp_path / "run", model_config=SMALL,
                        config=train.TrainConfig(minutes=15, max_epochs=120, batch_tokens=400, lr=5e-3,
-                                                label_smoothing=0.0, validate_minutes=1.0),
+                                                label_smoothing=0.0, validate_minutes=1.0, threads=1),
                        log=logs.append)
     tok = Tokenizer(tmp_path / "tok" / "source.model", tmp_path / "tok" / "target.model")
     enc, hyps = _decode_all(best, tok, [s for s, _ in TWENTY])

@@ -1,0 +1,251 @@
+"""Export a checkpoint to a model repository: ONNX graphs, tokenizers, manifest.
+
+``nmt export CHECKPOINT --output models/<name>/<version> [--quantize int8]``
+writes the encoder and decoder-step graphs (names and axes as in
+``service/manifest.py``), optionally their dynamic int8 variants, both
+SentencePiece models and ``manifest.json``. Everything is written to a
+temporary directory beside the output and verified there (``export.verify``)
+before it is moved into place; an existing output is kept unless ``--force``.
+
+Both graphs use the TorchScript exporter (``dynamo=False``): it turns
+``pack_padded_sequence`` into an ONNX GRU with ``sequence_lens``, so padding
+never reaches the backward direction; the dynamo exporter drops it. The
+example batch has several rows of different lengths, since a batch of one
+can freeze the batch axis; the verifier proves the axes stay dynamic.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import logging
+import os
+import shutil
+import sys
+import tempfile
+import warnings
+from collections.abc import Iterator
+from importlib import metadata
+from pathlib import Path
+
+import torch
+from onnxruntime.quantization import QuantType, quantize_dynamic
+from torch import nn
+
+from export.checkpoint import Checkpoint, CheckpointError, load_checkpoint
+from export.model import RNNSearch
+from export.verify import DYNAMIC_AXES, VerificationError, verify_repository
+from service.manifest import (DECODER_INPUTS, DECODER_OUTPUTS, ENCODER_INPUTS, ENCODER_OUTPUTS,
+                              FORMAT, checksums, load_manifest, sha256_file, write_manifest)
+from service.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID
+
+OPSET = 17
+GRAPHS = {"fp32": {"encoder": "encoder.onnx", "decoder_step": "decoder_step.onnx"},
+          "int8": {"encoder": "encoder.int8.onnx", "decoder_step": "decoder_step.int8.onnx"}}
+TOKENIZERS = {"source": "source.model", "target": "target.model"}
+EXAMPLE_LENGTHS = (4, 6, 2)  # batch >= 2, lengths differ: no axis specializes on the example
+EXAMPLE_K = 3
+PRODUCERS = ("torch", "onnx", "onnxruntime", "onnxscript", "nmt-serve")
+
+
+class EncoderGraph(nn.Module):
+    """(src_ids, src_lengths) -> (annotations, keys, init_state)."""
+
+    def __init__(self, model: RNNSearch) -> None:
+        super().__init__()
+        self.encoder = model.encoder
+
+    def forward(self, src_ids: torch.Tensor, src_lengths: torch.Tensor
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        return self.encoder(src_ids, src_lengths)
+
+
+class DecoderStepGraph(nn.Module):
+    """One decoder step plus the top-k of its log-probabilities (k is an input)."""
+
+    def __init__(self, model: RNNSearch) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, prev_tokens: torch.Tensor, state: torch.Tensor, annotations: torch.Tensor,
+                keys: torch.Tensor, src_mask: torch.Tensor, k: torch.Tensor
+                ) -> tuple[torch.Tensor, ...]:
+        log_probs, next_state, attention = self.model.step_log_probs(
+            prev_tokens, state, annotations, keys, src_mask)  # (rows, vocab_size)
+        # a tensor k is traced as a graph input, not baked in as a constant
+        topk_log_probs, topk_ids = torch.topk(log_probs, k, dim=1)  # (rows, k)
+        return log_probs, topk_log_probs, topk_ids, next_state, attention
+
+
+def dynamic_axes(*contracts: dict[str, list[str]]) -> dict[str, dict[int, str]]:
+    """The contract's symbolic axes, in the exporter's ``dynamic_axes`` form."""
+    return {name: {i: axis for i, axis in enumerate(axes) if axis in DYNAMIC_AXES}
+            for contract in contracts for name, axes in contract.items()
+            if any(axis in DYNAMIC_AXES for axis in axes)}
+
+
+def example_inputs(model: RNNSearch) -> tuple[tuple, tuple]:
+    """Example arguments for tracing both graphs."""
+    cfg = model.config
+    lengths = torch.tensor(EXAMPLE_LENGTHS)  # (batch,)
+    src = torch.full((len(lengths), max(EXAMPLE_LENGTHS)), PAD_ID, dtype=torch.long)  # (batch, src_len)
+    for row, n in enumerate(EXAMPLE_LENGTHS):
+        src[row, : n - 1] = EOS_ID + 1 + torch.arange(n - 1) % max(cfg.src_vocab_size - EOS_ID - 1, 1)
+        src[row, n - 1] = EOS_ID
+    with torch.inference_mode():
+        annotations, keys, state = model.encoder(src, lengths)
+    prev = torch.full((len(lengths),), BOS_ID, dtype=torch.long)  # (rows,)
+    k = torch.tensor(min(EXAMPLE_K, cfg.tgt_vocab_size))
+    return (src, lengths), (prev, state.clone(), annotations.clone(), keys.clone(), src != PAD_ID, k)
+
+
+@contextlib.contextmanager
+def quiet() -> Iterator[None]:
+    """Silence exporter and quantizer chatter: Python warnings, root-logger advice
+    and C++ shape-inference warnings on fd 2 (replayed if the export fails)."""
+    root, level = logging.getLogger(), logging.getLogger().level
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as sink, warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        root.setLevel(logging.ERROR)
+        os.dup2(sink.fileno(), 2)
+        try:
+            yield
+        except BaseException:
+            os.dup2(saved, 2)
+            sink.seek(0)
+            sys.stderr.write(sink.read().decode(errors="replace"))
+            raise
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+            root.setLevel(level)
+
+
+def export_graphs(model: RNNSearch, root: Path, *, quantize: bool) -> None:
+    """Write the fp32 graphs (and their int8 variants) into ``root``."""
+    encoder_args, decoder_args = example_inputs(model)
+    jobs = ((EncoderGraph(model), encoder_args, GRAPHS["fp32"]["encoder"], ENCODER_INPUTS, ENCODER_OUTPUTS),
+            (DecoderStepGraph(model), decoder_args, GRAPHS["fp32"]["decoder_step"], DECODER_INPUTS,
+             DECODER_OUTPUTS))
+    with quiet(), torch.inference_mode():
+        for module, args, file, inputs, outputs in jobs:
+            torch.onnx.export(module.eval(), args, str(root / file), input_names=list(inputs),
+                              output_names=list(outputs), dynamic_axes=dynamic_axes(inputs, outputs),
+                              opset_version=OPSET, dynamo=False)
+        if quantize:
+            for graph in ("encoder", "decoder_step"):
+                # int8 weights; the encoder's GRU op stays fp32 (ONNX Runtime does not
+                # quantize it), the decoder's GRUCell is plain Gemm/MatMul and does
+                quantize_dynamic(root / GRAPHS["fp32"][graph], root / GRAPHS["int8"][graph],
+                                 weight_type=QuantType.QInt8)
+
+
+def producer_versions() -> dict[str, str]:
+    versions = {}
+    for package in PRODUCERS:
+        try:
+            versions[package] = metadata.version(package)
+        except metadata.PackageNotFoundError:
+            versions[package] = "absent"
+    return versions
+
+
+def build_manifest(ckpt: Checkpoint, *, checkpoint: Path, output: Path, root: Path, name: str,
+                   version: str, precisions: list[str], max_source_tokens: int) -> dict:
+    """Every manifest field; ``parity`` is filled after verification, ``quality`` by evaluation."""
+    parent = output.resolve().parent
+    ckpt_path = checkpoint.resolve()
+    files = [*TOKENIZERS.values(), *(f for p in precisions for f in GRAPHS[p].values())]
+    return {
+        "format": FORMAT, "name": name, "version": version,
+        "languages": {"source": "en", "target": "fr"},
+        "model_config": ckpt.config.to_dict(),
+        "special_ids": {"pad": PAD_ID, "unk": UNK_ID, "bos": BOS_ID, "eos": EOS_ID},
+        "tokenizers": dict(TOKENIZERS),
+        "graphs": {p: dict(GRAPHS[p]) for p in precisions},
+        "io": {"encoder": {"inputs": ENCODER_INPUTS, "outputs": ENCODER_OUTPUTS},
+               "decoder_step": {"inputs": DECODER_INPUTS, "outputs": DECODER_OUTPUTS}},
+        "opset": OPSET,
+        "producer": producer_versions(),
+        # relative to the repository's parent when kept there (models/<name>/), so it moves with it
+        "checkpoint": {"file": str(ckpt_path.relative_to(parent)) if ckpt_path.is_relative_to(parent)
+                       else str(ckpt_path), "sha256": sha256_file(checkpoint)},
+        "limits": {"max_source_tokens": max_source_tokens},
+        "parity": {}, "quality": {},
+        "files": checksums(root, files),
+    }
+
+
+def write_tokenizers(ckpt: Checkpoint, checkpoint: Path, root: Path) -> None:
+    for file in TOKENIZERS.values():
+        if not ckpt.tokenizers.get(file):
+            raise CheckpointError(f"{checkpoint}: no embedded tokenizer {file!r}")
+        (root / file).write_bytes(ckpt.tokenizers[file])
+
+
+def export_repository(checkpoint: Path, output: Path, *, name: str = "en-fr", version: str = "1",
+                      quantize: bool = False, force: bool = False, test_split: Path | None = None,
+                      max_source_tokens: int = 200) -> Path:
+    """Export, verify in a temporary directory beside ``output``, then move it into place."""
+    checkpoint, output = Path(checkpoint), Path(output)
+    if output.exists() and not force:
+        raise FileExistsError(f"{output}: already exists (use --force to replace it)")
+    ckpt = load_checkpoint(checkpoint)
+    model = ckpt.model()
+    output.parent.mkdir(parents=True, exist_ok=True)
+    root = Path(tempfile.mkdtemp(prefix=f".{output.name}.", dir=output.parent))
+    try:
+        write_tokenizers(ckpt, checkpoint, root)
+        export_graphs(model, root, quantize=quantize)
+        precisions = ["fp32", "int8"] if quantize else ["fp32"]
+        manifest = build_manifest(ckpt, checkpoint=checkpoint, output=output, root=root, name=name,
+                                  version=version, precisions=precisions,
+                                  max_source_tokens=max_source_tokens)
+        write_manifest(root, manifest)
+        reports = [verify_repository(root, checkpoint=checkpoint, test_split=test_split, precision=p)
+                   for p in precisions]
+        failures = [f for r in reports for f in r.failures()]
+        if failures:
+            raise VerificationError(f"{output}: export failed verification: {'; '.join(failures)}")
+        manifest["parity"] = {r.precision: r.parity() for r in reports}
+        write_manifest(root, manifest)  # manifest.json itself is not checksummed
+        replace(root, output)
+    except BaseException:
+        shutil.rmtree(root, ignore_errors=True)
+        raise
+    return output
+
+
+def replace(new: Path, output: Path) -> None:
+    """Move ``new`` to ``output``, replacing an existing one (only with --force)."""
+    if output.exists():
+        old = Path(tempfile.mkdtemp(prefix=f".{output.name}.old.", dir=output.parent))
+        os.replace(output, old / output.name)
+        os.replace(new, output)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.replace(new, output)
+
+
+def main(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(prog="nmt export", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("checkpoint", type=Path, help="a checkpoint from nmt train (best.pt)")
+    p.add_argument("--output", "-o", type=Path, required=True, help="models/<name>/<version>")
+    p.add_argument("--name", default="en-fr")
+    p.add_argument("--version", default="1")
+    p.add_argument("--quantize", choices=("int8",), help="also write dynamic int8 graphs")
+    p.add_argument("--force", action="store_true", help="replace an existing output")
+    p.add_argument("--test-split", type=Path, help="test.jsonl for greedy parity (default: random sources)")
+    p.add_argument("--max-source-tokens", type=int, default=200)
+    args = p.parse_args(argv)
+    out = export_repository(args.checkpoint, args.output, name=args.name, version=args.version,
+                            quantize=args.quantize == "int8", force=args.force,
+                            test_split=args.test_split, max_source_tokens=args.max_source_tokens)
+    print(f"exported {out} (opset {OPSET})")
+    for precision, figures in load_manifest(out, verify=False).raw["parity"].items():
+        print(f"  {precision}: " + ", ".join(f"{k} {v:.3g}" if isinstance(v, float) else f"{k} {v}"
+                                            for k, v in sorted(figures.items())))
+    return 0
