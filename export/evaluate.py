@@ -73,7 +73,9 @@ def letters(text: str) -> str:
     return " ".join(re.sub(r"[^\w ]|[\d_]", " ", text.lower()).split())
 
 
-def _bleu(decoded: Decoded, refs: list[str], idx: list[int]) -> float:
+def _bleu(decoded: Decoded, refs: list[str], idx: list[int]) -> float | None:
+    if not idx:
+        return None
     return round(sacrebleu.corpus_bleu([decoded.texts[i] for i in idx], [[refs[i] for i in idx]]).score, 2)
 
 

@@ -2,7 +2,8 @@
 
 ``nmt export CHECKPOINT --output models/<name>/<version> [--quantize int8]``
 writes the encoder and decoder-step graphs (names and axes as in
-``service/manifest.py``), optionally their dynamic int8 variants, both
+``service/manifest.py``), optionally their int8 variants (batch-invariant,
+see ``export.quantize``), both
 SentencePiece models and ``manifest.json``. Everything is written to a
 temporary directory beside the output and verified there (``export.verify``)
 before it is moved into place; an existing output is kept unless ``--force``.
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import logging
 import os
 import shutil
@@ -29,11 +31,12 @@ from importlib import metadata
 from pathlib import Path
 
 import torch
-from onnxruntime.quantization import QuantType, quantize_dynamic
 from torch import nn
 
 from export.checkpoint import Checkpoint, CheckpointError, load_checkpoint
 from export.model import RNNSearch
+from export.quantize import SCHEME as INT8_SCHEME
+from export.quantize import quantize_graph
 from export.verify import DYNAMIC_AXES, VerificationError, verify_repository
 from service.manifest import (DECODER_INPUTS, DECODER_OUTPUTS, ENCODER_INPUTS, ENCODER_OUTPUTS,
                               FORMAT, checksums, load_manifest, sha256_file, write_manifest)
@@ -136,10 +139,8 @@ def export_graphs(model: RNNSearch, root: Path, *, quantize: bool) -> None:
                               opset_version=OPSET, dynamo=False)
         if quantize:
             for graph in ("encoder", "decoder_step"):
-                # int8 weights; the encoder's GRU op stays fp32 (ONNX Runtime does not
-                # quantize it), the decoder's GRUCell is plain Gemm/MatMul and does
-                quantize_dynamic(root / GRAPHS["fp32"][graph], root / GRAPHS["int8"][graph],
-                                 weight_type=QuantType.QInt8)
+                # the encoder's GRU op stays fp32; the decoder's GRUCell is plain Gemm and is quantized
+                quantize_graph(root / GRAPHS["fp32"][graph], root / GRAPHS["int8"][graph])
 
 
 def producer_versions() -> dict[str, str]:
@@ -158,13 +159,16 @@ def build_manifest(ckpt: Checkpoint, *, checkpoint: Path, output: Path, root: Pa
     parent = output.resolve().parent
     ckpt_path = checkpoint.resolve()
     files = [*TOKENIZERS.values(), *(f for p in precisions for f in GRAPHS[p].values())]
+    graphs = {p: dict(GRAPHS[p]) for p in precisions}
+    if "int8" in graphs:
+        graphs["int8"]["scheme"] = INT8_SCHEME  # how it was quantized: repositories may differ
     return {
         "format": FORMAT, "name": name, "version": version,
         "languages": {"source": "en", "target": "fr"},
         "model_config": ckpt.config.to_dict(),
         "special_ids": {"pad": PAD_ID, "unk": UNK_ID, "bos": BOS_ID, "eos": EOS_ID},
         "tokenizers": dict(TOKENIZERS),
-        "graphs": {p: dict(GRAPHS[p]) for p in precisions},
+        "graphs": graphs,
         "io": {"encoder": {"inputs": ENCODER_INPUTS, "outputs": ENCODER_OUTPUTS},
                "decoder_step": {"inputs": DECODER_INPUTS, "outputs": DECODER_OUTPUTS}},
         "opset": OPSET,
@@ -187,7 +191,7 @@ def write_tokenizers(ckpt: Checkpoint, checkpoint: Path, root: Path) -> None:
 
 def export_repository(checkpoint: Path, output: Path, *, name: str = "en-fr", version: str = "1",
                       quantize: bool = False, force: bool = False, test_split: Path | None = None,
-                      max_source_tokens: int = 200) -> Path:
+                      max_source_tokens: int = 200, quality: Path | None = None) -> Path:
     """Export, verify in a temporary directory beside ``output``, then move it into place."""
     checkpoint, output = Path(checkpoint), Path(output)
     if output.exists() and not force:
@@ -210,6 +214,8 @@ def export_repository(checkpoint: Path, output: Path, *, name: str = "en-fr", ve
         if failures:
             raise VerificationError(f"{output}: export failed verification: {'; '.join(failures)}")
         manifest["parity"] = {r.precision: r.parity() for r in reports}
+        if quality is not None:
+            manifest["quality"] = read_quality(quality)
         write_manifest(root, manifest)  # manifest.json itself is not checksummed
         replace(root, output)
     except BaseException:
@@ -218,8 +224,22 @@ def export_repository(checkpoint: Path, output: Path, *, name: str = "en-fr", ve
     return output
 
 
+def read_quality(results: Path) -> dict:
+    """The test-split scores of ``nmt evaluate`` (its results.json) for the manifest."""
+    try:
+        raw = json.loads(Path(results).read_text())
+        decoders = raw["decoders"]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise ValueError(f"{results}: not an nmt evaluate results.json ({e})") from None
+    keep = ("bleu", "chrf", "bleu_without_placeholders", "bleu_unseen", "placeholders_kept")
+    return {"split": raw.get("split"), "sentences": raw.get("sentences"), "metric": "sacreBLEU/chrF, "
+            "detokenized, placeholders restored", "reference_decoder": "pytorch",
+            "decoders": {name: {k: d.get(k) for k in keep} for name, d in decoders.items()}}
+
+
 def replace(new: Path, output: Path) -> None:
     """Move ``new`` to ``output``, replacing an existing one (only with --force)."""
+    os.chmod(new, 0o755)  # mkdtemp made it 0700: a server running as another user must read it
     if output.exists():
         old = Path(tempfile.mkdtemp(prefix=f".{output.name}.old.", dir=output.parent))
         os.replace(output, old / output.name)
@@ -236,14 +256,16 @@ def main(argv: list[str]) -> int:
     p.add_argument("--output", "-o", type=Path, required=True, help="models/<name>/<version>")
     p.add_argument("--name", default="en-fr")
     p.add_argument("--version", default="1")
-    p.add_argument("--quantize", choices=("int8",), help="also write dynamic int8 graphs")
+    p.add_argument("--quantize", choices=("int8",), help="also write int8 graphs (per-row activation scales)")
     p.add_argument("--force", action="store_true", help="replace an existing output")
     p.add_argument("--test-split", type=Path, help="test.jsonl for greedy parity (default: random sources)")
     p.add_argument("--max-source-tokens", type=int, default=200)
+    p.add_argument("--quality", type=Path, help="results.json of nmt evaluate, recorded in the manifest")
     args = p.parse_args(argv)
     out = export_repository(args.checkpoint, args.output, name=args.name, version=args.version,
                             quantize=args.quantize == "int8", force=args.force,
-                            test_split=args.test_split, max_source_tokens=args.max_source_tokens)
+                            test_split=args.test_split, max_source_tokens=args.max_source_tokens,
+                            quality=args.quality)
     print(f"exported {out} (opset {OPSET})")
     for precision, figures in load_manifest(out, verify=False).raw["parity"].items():
         print(f"  {precision}: " + ", ".join(f"{k} {v:.3g}" if isinstance(v, float) else f"{k} {v}"

@@ -9,10 +9,12 @@ invariance (a sentence alone vs inside a batch padded to a longer source); and
 end-to-end greedy parity (a numpy loop over the ONNX graphs vs
 ``export.search.greedy``) on the test split, or on random sources without one.
 
-int8 thresholds are looser and documented in ``TOLERANCES``: dynamic
-quantization rounds weights to 8 bits and quantizes activations per tensor,
-so a row's output also depends on the other rows of its batch. Its greedy
-agreement is reported, not enforced: int8 is accepted on BLEU (evaluation).
+int8 parity with PyTorch is looser and documented in ``TOLERANCES``: weights
+and activations are rounded to 8 bits. Its padding invariance is as strict as
+fp32's, since activations are quantized with one scale per row
+(``export.quantize``): a row's output does not depend on the other rows of
+its batch. Its greedy agreement is reported, not enforced: int8 is accepted
+on BLEU (evaluation).
 """
 
 from __future__ import annotations
@@ -64,10 +66,13 @@ class Tolerances:
 
 TOLERANCES = {
     "fp32": Tolerances(encoder=1e-4, step=1e-4, padding=1e-5, greedy=0.995),
-    # int8 weights and per-tensor int8 activations: errors of about a hundredth
-    # (measured 0.009-0.011 encoder, 0.013-0.020 step, 0.010-0.012 padding on the
-    # tiny and reversal test models); the thresholds leave room for larger logits.
-    "int8": Tolerances(encoder=0.1, step=0.25, padding=0.25, greedy=None),
+    # int8 weights (per column) and activations (per row) vs PyTorch, measured: encoder
+    # 0.010 / 0.044 / 0.014, step 0.011 / 0.18 / 0.017 on the tiny, reversal and a
+    # full-size random model (the reversal model's sharp log-probs err most; the
+    # per-tensor quantize_dynamic scheme gave 0.21 on similar steps).
+    # Rows are independent, so padding and batching change nothing: measured exactly 0
+    # (the per-tensor quantize_dynamic scheme this replaced: 0.010-0.020).
+    "int8": Tolerances(encoder=0.1, step=0.25, padding=1e-5, greedy=None),
 }
 
 

@@ -21,6 +21,7 @@ def test_evaluate_writes_scores_tables_and_heatmaps(tiny_checkpoint: Path, tiny_
         assert 0.0 <= r["bleu"] <= 100.0 and 0.0 <= r["chrf"] <= 100.0
         assert sum(b["sentences"] for b in r["bleu_by_source_words"].values()) == results["sentences"]
         assert r["placeholders_kept"] == 1.0  # restoration never loses one, even untrained
+        assert r["sentences_unseen"] == 0 and r["bleu_unseen"] is None  # the tiny test split is in train
     saved = json.loads((tmp_path / "eval" / "results.json").read_text())
     assert saved["decoders"] == results["decoders"]
     for k in range(2):

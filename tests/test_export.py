@@ -8,11 +8,12 @@ from pathlib import Path
 
 import numpy as np
 import onnx
+import onnxruntime as ort
 import pytest
 import torch
-from onnx import numpy_helper
+from onnx import TensorProto, helper, numpy_helper
 
-from export import verify
+from export import quantize, verify
 from export.cli import export_main, verify_main
 from export.onnx_export import export_repository
 from service.errors import ModelRepositoryError
@@ -56,7 +57,60 @@ def test_export_writes_the_contract(tiny_repository: Path) -> None:
     dims = {i.name: [d.dim_param for d in i.type.tensor_type.shape.dim] for i in encoder.graph.input}
     assert dims == {"src_ids": ["batch", "src_len"], "src_lengths": ["batch"]}
     ops = {n.op_type for n in onnx.load(str(tiny_repository / "decoder_step.int8.onnx")).graph.node}
-    assert "MatMulInteger" in ops and "GRU" not in ops
+    assert "MatMulInteger" in ops and "GRU" not in ops and "DynamicQuantizeLinear" not in ops
+    assert raw["graphs"]["int8"]["scheme"] == quantize.SCHEME and "scheme" not in raw["graphs"]["fp32"]
+    assert int8["padding_max_abs_diff"] == 0.0  # rows are quantized independently
+
+
+def test_int8_step_is_batch_invariant(tiny_repository: Path) -> None:
+    """A row decoded alone, or inside padded batches of any size, gives bit-identical outputs."""
+    graphs = verify.Graphs(load_manifest(tiny_repository), "int8")
+    rng = np.random.default_rng(5)
+    src, lengths = verify.random_batch(rng, batch=9, src_len=11, vocab_size=40)  # (batch, src_len)
+    annotations, keys, state = graphs.encode(src, lengths)
+    prev = rng.integers(verify.FIRST_ID, 40, size=len(src))  # (rows,)
+    args = (prev, state, annotations, keys, src != 0)
+    together = graphs.step(*args, k=3)
+    for rows in ([4], [4, 0], [7, 4, 2, 8]):  # row 4 alone, then among others in other orders
+        part = graphs.step(*(a[rows] for a in args), k=3)
+        for name, value in part.items():
+            assert np.array_equal(value[rows.index(4)], together[name][4]), name
+    n = int(lengths[4])  # without the batch's padding too: its own source length
+    enc_alone = graphs.encode(src[4:5, :n], lengths[4:5])
+    assert all(np.array_equal(a[0], t[4, :n]) for a, t in zip(enc_alone[:2], (annotations, keys)))
+    alone = graphs.step(prev[4:5], enc_alone[2], enc_alone[0], enc_alone[1], src[4:5, :n] != 0, k=3)
+    for name in ("log_probs", "next_state", "topk_ids"):
+        assert np.array_equal(alone[name][0], together[name][4]), name
+
+
+@pytest.mark.parametrize("opset", [17, 18])  # ReduceMax takes its axes as an attribute, then an input
+def test_quantized_products_are_close_and_row_independent(opset: int) -> None:
+    rng = np.random.default_rng(0)
+    w_gemm, b_gemm = rng.normal(size=(24, 16)).astype(np.float32), rng.normal(size=24).astype(np.float32)
+    w_mm, w_vec = rng.normal(size=(24, 12)).astype(np.float32), rng.normal(size=(12, 1)).astype(np.float32)
+    graph = helper.make_graph(
+        [helper.make_node("Gemm", ["x", "w_gemm", "b_gemm"], ["h"], transB=1),  # (rows, 24)
+         helper.make_node("MatMul", ["h", "w_mm"], ["y"]),  # (rows, 12)
+         helper.make_node("MatMul", ["y", "w_vec"], ["v"])],  # (rows, 1): stays fp32
+        "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["rows", 16])],
+        [helper.make_tensor_value_info("v", TensorProto.FLOAT, ["rows", 1]),
+         helper.make_tensor_value_info("h", TensorProto.FLOAT, ["rows", 24])],
+        [numpy_helper.from_array(a, n) for a, n in
+         ((w_gemm, "w_gemm"), (b_gemm, "b_gemm"), (w_mm, "w_mm"), (w_vec, "w_vec"))])
+    model = quantize.quantize_model(helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)]))
+    onnx.checker.check_model(model, full_check=True)
+    assert [n.op_type for n in model.graph.node].count("MatMulInteger") == 2
+    assert model.graph.node[-1].op_type == "MatMul" and "w_vec" in model.graph.node[-1].input
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    x = rng.normal(size=(6, 16)).astype(np.float32)
+    x[2] *= 100.0  # a large row must not coarsen the others' quantization
+    x[3] = 0.0  # an all-zero row (padding) gives exactly the bias, not NaN
+    exact = (x @ w_gemm.T + b_gemm) @ w_mm @ w_vec
+    got, h = session.run(None, {"x": x})
+    assert np.allclose(got, exact, rtol=0.05, atol=0.05 * np.abs(exact[[0, 1, 4, 5]]).max())
+    assert np.array_equal(h[3], b_gemm)
+    for row in range(len(x)):
+        assert np.array_equal(session.run(None, {"x": x[row:row + 1]})[0][0], got[row])
 
 
 @pytest.mark.parametrize("precision", ["fp32", "int8"])

@@ -41,7 +41,7 @@ def test_overfits_twenty_pairs(tmp_path: Path) -> None:
     outputs = [tok.decode(h.tokens, e.placeholders) for e, h in zip(enc, hyps)]
     assert outputs == [t for _, t in TWENTY]  # placeholders restored exactly, too
     losses = [float(line.split("valid loss ")[1].split()[0]) for line in logs if "valid loss" in line]
-    assert losses[-1] < losses[0] / 5
+    assert losses[-1] < 0.1  # from about ln(vocab) = 4.2 untrained
 
 
 def test_resume_continues_from_checkpoint(tiny_corpus: Path, tiny_tokenizers: Path, tmp_path: Path) -> None:
