@@ -34,8 +34,9 @@ serve: $(VENV)/.serve
 test: $(VENV)/.dev
 	$(BIN)/python -m pytest -q
 
+# regenerate service/proto/ from proto/ (tests/test_proto.py fails when it is stale)
 proto: $(VENV)/.dev
-	$(BIN)/python -m grpc_tools.protoc -Iproto --python_out=service/proto --pyi_out=service/proto --grpc_python_out=service/proto proto/nmt/v1/translation.proto
+	$(BIN)/python -m grpc_tools.protoc -Iservice/proto=proto --python_out=. --pyi_out=. --grpc_python_out=. proto/nmt/v1/translation.proto
 
 # corpus -> tokenizers -> training -> release -> evaluation -> export + verification, end to end
 # (about 80 minutes on 2 cores). Writes the shipped model: models/en-fr/checkpoint-1.pt and models/en-fr/1/.

@@ -1,0 +1,276 @@
+"""Service benchmark: closed-loop concurrency sweep and step- vs request-level batching.
+
+    python loadtest/bench_service.py --model-repository models/en-fr/1 \
+        --texts data/corpus/test.jsonl            # the real model, test split
+    python loadtest/bench_service.py --model-repository /tmp/reversal --digits --quick
+
+What it measures, in this order (one process at a time on the CPU):
+
+1. The engine alone, in this process: idle latency of one short text
+   (median), and batched throughput (texts/s translating ``--max-rows`` texts
+   per ``Engine.translate`` call): the ceiling the service is compared with.
+2. ``nmt serve --batching step`` in a subprocess: closed-loop clients (each
+   sends its next one-text request when the previous one is answered) at
+   concurrency 1, 8, 32, 128; throughput and p50/p95/p99 latency.
+3. A mixed-length workload (80% short texts, 20% long ones made by joining
+   ``--long-factor`` texts), open loop (Poisson arrivals) at the same offered
+   load against ``--batching step`` and then ``--batching request``: the
+   latency of the short requests shows what step-level batching buys.
+
+Writes ``loadtest/results/bench_service.json`` and ``.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import random
+import re
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import grpc
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from service.options import DecodingOptions, Limits  # noqa: E402
+from service.proto.nmt.v1 import translation_pb2 as pb  # noqa: E402
+from service.proto.nmt.v1 import translation_pb2_grpc as pb_grpc  # noqa: E402
+
+LISTENING = re.compile(r"serving .* on [^ ]+:(\d+) ")
+SHORT_FRACTION = 0.8
+STARTUP_SECONDS = 120
+
+
+def load_texts(args: argparse.Namespace) -> list[str]:
+    if args.digits:  # the reversal model's domain: 3 to 12 digits
+        rng = random.Random(0)
+        return [" ".join(str(rng.randrange(10)) for _ in range(rng.randint(3, 12))) for _ in range(500)]
+    lines = Path(args.texts).read_text(encoding="utf-8").splitlines()
+    texts = [json.loads(line)["src_raw"] if line.startswith("{") else line for line in lines]
+    return [t for t in texts if t.strip()]
+
+
+def percentiles(latencies: list[float]) -> dict[str, float]:
+    if not latencies:
+        return {"p50_ms": float("nan"), "p95_ms": float("nan"), "p99_ms": float("nan")}
+    q = statistics.quantiles(latencies, n=100, method="inclusive") if len(latencies) > 1 else latencies * 99
+    return {"p50_ms": q[49] * 1000, "p95_ms": q[94] * 1000, "p99_ms": q[98] * 1000}
+
+
+def engine_baseline(args: argparse.Namespace, texts: list[str], short: list[str]) -> dict:
+    from service.engine import Engine
+
+    engine = Engine(Path(args.model_repository), precision=args.precision, provider="cpu",
+                    intra_op_threads=args.threads or None, limits=Limits())
+    options = DecodingOptions()
+    engine.translate(short[:4], options)  # warm-up
+    single = []
+    for text in short[:50]:
+        start = time.perf_counter()
+        engine.translate([text], options)
+        single.append(time.perf_counter() - start)
+    rng, done, start = random.Random(1), 0, time.perf_counter()
+    while time.perf_counter() - start < args.duration:
+        engine.translate([rng.choice(texts) for _ in range(args.max_rows)], options)
+        done += args.max_rows
+    return {"single_text_ms": statistics.median(single) * 1000,
+            "batched_texts_per_s": done / (time.perf_counter() - start), "batch_texts": args.max_rows}
+
+
+class Server:
+    """``nmt serve`` in a subprocess on a free port."""
+
+    def __init__(self, args: argparse.Namespace, batching: str) -> None:
+        cmd = [sys.executable, "-m", "service.cli", "serve", "--model-repository", args.model_repository,
+               "--host", "127.0.0.1", "--port", "0", "--metrics-port", "0", "--batching", batching,
+               "--precision", args.precision, "--max-rows", str(args.max_rows),
+               "--threads", str(args.threads)]
+        self.proc = subprocess.Popen(cmd, cwd=ROOT, stderr=subprocess.PIPE, text=True,
+                                     env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        deadline = time.monotonic() + STARTUP_SECONDS
+        for line in self.proc.stderr:
+            found = LISTENING.search(line)
+            if found:
+                self.address = f"127.0.0.1:{found.group(1)}"
+                return
+            if time.monotonic() > deadline:
+                break
+        self.proc.kill()
+        raise RuntimeError(f"server did not start: {' '.join(cmd)}")
+
+    def close(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(timeout=60)
+
+
+async def idle_latency(address: str, texts: list[str]) -> float:
+    """Median latency of the engine baseline's short texts, sent one at a time (same texts)."""
+    latencies = []
+    async with grpc.aio.insecure_channel(address) as channel:
+        stub = pb_grpc.TranslatorStub(channel)
+        await stub.Translate(pb.TranslateRequest(texts=texts[:4]), timeout=60)  # warm-up
+        for text in texts:
+            start = time.perf_counter()
+            await stub.Translate(pb.TranslateRequest(texts=[text]), timeout=60)
+            latencies.append(time.perf_counter() - start)
+    return statistics.median(latencies) * 1000
+
+
+async def closed_loop(address: str, texts: list[str], *, concurrency: int, duration: float) -> dict:
+    """``concurrency`` clients, each sending its next request when the last is answered."""
+    latencies: list[float] = []
+    errors = 0
+    async with grpc.aio.insecure_channel(address) as channel:
+        stub = pb_grpc.TranslatorStub(channel)
+        stop_at = time.perf_counter() + duration
+
+        async def client(seed: int) -> None:
+            nonlocal errors
+            rng = random.Random(seed)
+            while time.perf_counter() < stop_at:
+                start = time.perf_counter()
+                try:
+                    await stub.Translate(pb.TranslateRequest(texts=[rng.choice(texts)]), timeout=60)
+                    latencies.append(time.perf_counter() - start)
+                except grpc.aio.AioRpcError:
+                    errors += 1
+        begin = time.perf_counter()
+        await asyncio.gather(*(client(i) for i in range(concurrency)))
+        elapsed = time.perf_counter() - begin
+    return {"concurrency": concurrency, "requests": len(latencies), "errors": errors,
+            "texts_per_s": len(latencies) / elapsed, **percentiles(latencies)}
+
+
+async def open_loop(address: str, short: list[str], long: list[str], *, rate: float,
+                    duration: float) -> dict:
+    """Poisson arrivals at ``rate`` requests/s; 80% short, 20% long; latency by kind."""
+    rng = random.Random(2)
+    latencies: dict[str, list[float]] = {"short": [], "long": []}
+    errors = 0
+    async with grpc.aio.insecure_channel(address) as channel:
+        stub = pb_grpc.TranslatorStub(channel)
+
+        async def one(kind: str, text: str) -> None:
+            nonlocal errors
+            start = time.perf_counter()
+            try:
+                await stub.Translate(pb.TranslateRequest(texts=[text]), timeout=120)
+                latencies[kind].append(time.perf_counter() - start)
+            except grpc.aio.AioRpcError:
+                errors += 1
+        tasks, begin = [], time.perf_counter()
+        next_at = begin
+        while next_at < begin + duration:
+            await asyncio.sleep(max(0.0, next_at - time.perf_counter()))
+            kind = "short" if rng.random() < SHORT_FRACTION else "long"
+            tasks.append(asyncio.create_task(one(kind, rng.choice(short if kind == "short" else long))))
+            next_at += rng.expovariate(rate)
+        await asyncio.gather(*tasks)
+        elapsed = time.perf_counter() - begin
+    return {"offered_per_s": rate, "answered_per_s": sum(map(len, latencies.values())) / elapsed,
+            "errors": errors, "short": {"n": len(latencies["short"]), **percentiles(latencies["short"])},
+            "long": {"n": len(latencies["long"]), **percentiles(latencies["long"])}}
+
+
+def mixed_texts(texts: list[str], factor: int) -> tuple[list[str], list[str]]:
+    by_length = sorted(texts, key=len)
+    short = by_length[: len(by_length) // 2]
+    rng = random.Random(3)
+    long = [" ".join(rng.choice(by_length[len(by_length) // 2:]) for _ in range(factor))
+            for _ in range(200)]
+    return short, [t[: Limits().max_text_chars] for t in long]
+
+
+def run(args: argparse.Namespace) -> dict:
+    texts = load_texts(args)
+    short, long = mixed_texts(texts, args.long_factor)
+    result = {"model_repository": args.model_repository, "precision": args.precision,
+              "threads": args.threads,
+              "machine": f"{platform.machine()}, {os.cpu_count()} CPUs", "duration_s": args.duration,
+              "engine": engine_baseline(args, texts, short)}
+    server = Server(args, "step")
+    try:
+        result["idle_ms"] = asyncio.run(idle_latency(server.address, short[:50]))
+        result["sweep"] = [asyncio.run(closed_loop(server.address, texts, concurrency=c,
+                                                   duration=args.duration)) for c in args.concurrency]
+        capacity = asyncio.run(closed_loop(server.address, short * 4 + long, concurrency=32,
+                                           duration=args.duration))["texts_per_s"]
+        rate = args.mixed_load * capacity
+        result["mixed"] = {"capacity_per_s": capacity, "step": asyncio.run(
+            open_loop(server.address, short, long, rate=rate, duration=args.duration * 2))}
+    finally:
+        server.close()
+    server = Server(args, "request")
+    try:
+        result["mixed"]["request"] = asyncio.run(
+            open_loop(server.address, short, long, rate=rate, duration=args.duration * 2))
+    finally:
+        server.close()
+    return result
+
+
+def markdown(r: dict) -> str:
+    e, m = r["engine"], r["mixed"]
+    best = max(s["texts_per_s"] for s in r["sweep"])
+    idle = r["idle_ms"]
+    lines = [f"# Service benchmark ({r['model_repository']}, {r['precision']}, {r['machine']})", "",
+             f"Engine alone: one short text {e['single_text_ms']:.1f} ms (median; the service: "
+             f"{idle:.1f} ms for the same texts one at a time); batched "
+             f"{e['batched_texts_per_s']:.0f} texts/s ({e['batch_texts']} texts per call).", "",
+             "| concurrency | requests | errors | texts/s | p50 ms | p95 ms | p99 ms |",
+             "|---:|---:|---:|---:|---:|---:|---:|"]
+    lines += [f"| {s['concurrency']} | {s['requests']} | {s['errors']} | {s['texts_per_s']:.0f} | "
+              f"{s['p50_ms']:.1f} | {s['p95_ms']:.1f} | {s['p99_ms']:.1f} |" for s in r["sweep"]]
+    lines += ["", f"Saturated service / engine batched throughput: "
+              f"{best / e['batched_texts_per_s']:.2f}; idle latency / engine: "
+              f"{idle / e['single_text_ms']:.2f}.", "",
+              f"Mixed workload (80% short, 20% long), open loop at {m['step']['offered_per_s']:.1f} "
+              f"requests/s (capacity {m['capacity_per_s']:.1f}/s at concurrency 32):", "",
+              "| batching | answered/s | errors | short p50 | short p99 | long p50 | long p99 |",
+              "|---|---:|---:|---:|---:|---:|---:|"]
+    for mode in ("step", "request"):
+        x = m[mode]
+        lines.append(f"| {mode} | {x['answered_per_s']:.1f} | {x['errors']} | {x['short']['p50_ms']:.1f} | "
+                     f"{x['short']['p99_ms']:.1f} | {x['long']['p50_ms']:.1f} | {x['long']['p99_ms']:.1f} |")
+    ratio = m["step"]["short"]["p99_ms"] / m["request"]["short"]["p99_ms"]
+    lines += ["", f"Short-request p99, step-level / request-level: {ratio:.2f}.", ""]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model-repository", required=True)
+    p.add_argument("--texts", help="test split (jsonl with src_raw) or a text file, one per line")
+    p.add_argument("--digits", action="store_true", help="digit strings (the reversal model)")
+    p.add_argument("--precision", default="fp32", choices=("fp32", "int8"))
+    p.add_argument("--duration", type=float, default=10.0, help="seconds per measurement")
+    p.add_argument("--concurrency", type=lambda s: [int(x) for x in s.split(",")], default=[1, 8, 32, 128])
+    p.add_argument("--max-rows", type=int, default=128)
+    p.add_argument("--threads", type=int, default=0, help="ONNX Runtime intra-op threads (0 = default)")
+    p.add_argument("--long-factor", type=int, default=4, help="texts joined into one long text")
+    p.add_argument("--mixed-load", type=float, default=0.6, help="offered load / measured capacity")
+    p.add_argument("--quick", action="store_true", help="2 s measurements (a smoke run)")
+    p.add_argument("--out", type=Path, default=ROOT / "loadtest" / "results" / "bench_service")
+    args = p.parse_args(argv)
+    if not args.digits and not args.texts:
+        p.error("give --texts FILE or --digits")
+    if args.quick:
+        args.duration = 2.0
+    result = run(args)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.with_suffix(".json").write_text(json.dumps(result, indent=1) + "\n")
+    args.out.with_suffix(".md").write_text(markdown(result))
+    print(markdown(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

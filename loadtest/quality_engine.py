@@ -1,0 +1,70 @@
+"""Translation quality of the serving engine itself (fp32 vs int8), on a test split.
+
+    python loadtest/quality_engine.py models/en-fr/1 build/corpus/test.jsonl [--beam 5]
+
+Decodes every source with ``service.engine.Engine`` (the path users hit) in
+each precision and scores it like ``nmt evaluate`` (sacreBLEU and chrF,
+detokenized, placeholders restored, against the catalog translations). Writes
+``loadtest/results/quality_engine.md`` and ``.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import sacrebleu
+
+from service.engine import Engine
+from service.options import DecodingOptions
+
+BATCH = 32
+
+
+def translate_all(engine: Engine, sources: list[str], options: DecodingOptions) -> tuple[list[str], float]:
+    start = time.perf_counter()
+    out: list[str] = []
+    for b in range(0, len(sources), BATCH):
+        out += [t.hypotheses[0].text for t in engine.translate(sources[b:b + BATCH], options)]
+    return out, time.perf_counter() - start
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("repository", type=Path)
+    p.add_argument("test_split", type=Path)
+    p.add_argument("--beam", type=int, default=5)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--out", type=Path, default=Path("loadtest/results"))
+    args = p.parse_args()
+    pairs = [json.loads(line) for line in args.test_split.read_text().splitlines() if line.strip()]
+    sources, refs = [p["src_raw"] for p in pairs], [p["tgt_raw"] for p in pairs]
+    rows, outputs = [], {}
+    for precision in ("fp32", "int8"):
+        engine = Engine(args.repository, precision=precision, intra_op_threads=args.threads)
+        for beam in sorted({1, args.beam}):
+            hyps, seconds = translate_all(engine, sources, DecodingOptions(beam_size=beam))
+            outputs[(precision, beam)] = hyps
+            rows.append({"precision": precision, "beam_size": beam, "sentences": len(hyps),
+                         "bleu": round(sacrebleu.corpus_bleu(hyps, [refs]).score, 2),
+                         "chrf": round(sacrebleu.corpus_chrf(hyps, [refs]).score, 2),
+                         "seconds": round(seconds, 1)})
+            print(rows[-1], flush=True)
+    for row in rows:
+        same = sum(a == b for a, b in zip(outputs[("fp32", row["beam_size"])],
+                                          outputs[(row["precision"], row["beam_size"])]))
+        row["identical_to_fp32"] = round(same / len(sources), 4)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "quality_engine.json").write_text(json.dumps(rows, indent=1) + "\n")
+    lines = [f"# Engine quality ({args.repository}, {args.test_split.name}, {len(sources)} sentences)", "",
+             "| precision | beam | BLEU | chrF | identical to fp32 | seconds |", "|---|---:|---:|---:|---:|---:|"]
+    lines += [f"| {r['precision']} | {r['beam_size']} | {r['bleu']} | {r['chrf']} | "
+              f"{r['identical_to_fp32']:.1%} | {r['seconds']} |" for r in rows]
+    (args.out / "quality_engine.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,149 @@
+"""``nmt serve`` configuration: one frozen dataclass, from flags and ``NMT_*`` variables.
+
+Every flag has an environment variable (``--max-rows`` <- ``NMT_MAX_ROWS``);
+a flag given on the command line wins over the variable, the variable over the
+default. A bad variable stops the server at once with a one-line reason: a
+typo in a deployment must not become a silently ignored setting.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Mapping
+
+from service.options import Limits
+from service.scheduler import SchedulerConfig
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_MODEL_REPOSITORY = REPO_ROOT / "models" / "en-fr" / "1"
+MAX_PORT = 65535
+LOG_LEVELS = ("debug", "info", "warning", "error")
+
+
+@dataclass(frozen=True)
+class ServeConfig:
+    """Everything ``nmt serve`` needs; validated once, passed whole."""
+
+    model_repository: Path  # one model version dir, or a dir of <name>/<version>/
+    default_model: str  # name served when a request leaves `model` empty ("" = first)
+    host: str  # address both ports bind to
+    port: int  # gRPC port (0 = any free port)
+    metrics_port: int  # Prometheus /metrics port (0 = any free port)
+    precision: str  # graph variant: "fp32" or "int8"
+    provider: str  # ONNX Runtime provider: "cpu" or "cuda"
+    threads: int  # ONNX Runtime intra-op threads (0 = its default)
+    scheduler: SchedulerConfig  # batching budgets and admission control
+    limits: Limits  # per-request limits
+    max_message_bytes: int  # largest request accepted (gRPC answers RESOURCE_EXHAUSTED)
+    grace_period: float  # seconds in-flight calls get to finish after SIGTERM
+    log_level: str  # debug logs one line per request
+
+
+class ConfigError(ValueError):
+    """A bad setting; the message names the flag or variable and the value."""
+
+
+def _int_at_least(low: int) -> Callable[[str], int]:
+    def convert(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"must be an integer, got {text!r}") from None
+        if value < low:
+            raise argparse.ArgumentTypeError(f"must be >= {low}, got {value}")
+        return value
+    return convert
+
+
+def _port(text: str) -> int:
+    value = _int_at_least(0)(text)
+    if value > MAX_PORT:
+        raise argparse.ArgumentTypeError(f"must be a port in 0..{MAX_PORT}, got {value}")
+    return value
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number, got {text!r}") from None
+    if not 0.0 <= value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {text!r}")
+    return value
+
+
+def _choice(*choices: str) -> Callable[[str], str]:
+    def convert(text: str) -> str:
+        if text.lower() not in choices:
+            raise argparse.ArgumentTypeError(f"must be one of {', '.join(choices)}, got {text!r}")
+        return text.lower()
+    return convert
+
+
+def _text(text: str) -> str:
+    return text
+
+
+_DEFAULTS = SchedulerConfig()
+_LIMITS = Limits()
+
+# (flag, converter, default, help); the variable is NMT_ + the flag in upper case.
+FLAGS: list[tuple[str, Callable[[str], object], object, str]] = [
+    ("--model-repository", _text, str(DEFAULT_MODEL_REPOSITORY),
+     "model version dir (with manifest.json) or a dir of <name>/<version>/ dirs"),
+    ("--default-model", _text, "", "model name used when a request names none (default: first)"),
+    ("--host", _text, "0.0.0.0", "address to bind"),
+    ("--port", _port, 50051, "gRPC port (0 = any free port)"),
+    ("--metrics-port", _port, 9464, "Prometheus /metrics port (0 = any free port)"),
+    ("--precision", _choice("fp32", "int8"), "fp32", "graph precision"),
+    ("--provider", _choice("cpu", "cuda"), "cpu", "ONNX Runtime execution provider"),
+    ("--threads", _int_at_least(0), 0, "ONNX Runtime intra-op threads (0 = its default)"),
+    ("--max-rows", _int_at_least(1), _DEFAULTS.max_rows, "decoder rows per step"),
+    ("--max-tokens", _int_at_least(1), _DEFAULTS.max_tokens,
+     "rows x padded source length of the running batch"),
+    ("--max-wait-ms", _seconds, _DEFAULTS.max_wait * 1000, "how long an idle batch waits to fill"),
+    ("--max-queued-work", _int_at_least(1), _DEFAULTS.max_queued_work,
+     "estimated rows x steps queued or decoding; above it RESOURCE_EXHAUSTED"),
+    ("--batching", _choice("step", "request"), "step",
+     "step: texts join/leave between decoder steps; request: a batch runs to its end"),
+    ("--max-texts", _int_at_least(1), _LIMITS.max_texts, "texts per request"),
+    ("--max-beam", _int_at_least(1), _LIMITS.max_beam_size, "largest beam_size"),
+    ("--max-text-chars", _int_at_least(1), _LIMITS.max_text_chars, "characters per text"),
+    ("--max-message-bytes", _int_at_least(1024), 1 << 20, "largest request message"),
+    ("--grace-period", _seconds, 10.0, "seconds in-flight calls get to finish on SIGTERM"),
+    ("--log-level", _choice(*LOG_LEVELS), "info", "debug logs one line per request"),
+]
+
+
+def env_name(flag: str) -> str:
+    return "NMT_" + flag.lstrip("-").replace("-", "_").upper()
+
+
+def parse(argv: list[str], env: Mapping[str, str] | None = None) -> ServeConfig:
+    """Flags over ``NMT_*`` variables over defaults; raises ConfigError on a bad variable."""
+    env = os.environ if env is None else env
+    parser = argparse.ArgumentParser(prog="nmt serve", description="Run the gRPC translation server.")
+    for flag, convert, default, help_ in FLAGS:
+        name = env_name(flag)
+        if name in env:
+            try:
+                default = convert(env[name])
+            except argparse.ArgumentTypeError as e:
+                raise ConfigError(f"{name}: {e}") from None
+        parser.add_argument(flag, type=convert, default=default, help=f"{help_} [{name}, default %(default)s]")
+    args = parser.parse_args(argv)
+    return ServeConfig(
+        model_repository=Path(args.model_repository), default_model=args.default_model,
+        host=args.host, port=args.port, metrics_port=args.metrics_port,
+        precision=args.precision, provider=args.provider, threads=args.threads,
+        scheduler=SchedulerConfig(max_rows=args.max_rows, max_tokens=args.max_tokens,
+                                  max_wait=args.max_wait_ms / 1000,
+                                  max_queued_work=args.max_queued_work,
+                                  step_level=args.batching == "step"),
+        limits=Limits(max_beam_size=args.max_beam, max_texts=args.max_texts,
+                      max_text_chars=args.max_text_chars),
+        max_message_bytes=args.max_message_bytes, grace_period=args.grace_period,
+        log_level=args.log_level)

@@ -1,0 +1,63 @@
+"""Protobuf <-> dataclasses: the only place, besides the servicer, that sees protobuf."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, Sequence
+
+from service.interface import Hypothesis, Prepared, Translation
+from service.manifest import Manifest
+from service.options import DecodingOptions
+from service.proto.nmt.v1 import translation_pb2 as pb
+from service.scheduler import Partial
+
+OPTION_FIELDS = tuple(f.name for f in dataclasses.fields(DecodingOptions))
+
+
+def options(message: pb.DecodingOptions) -> DecodingOptions:
+    """Set fields override the defaults; unset ones (``optional``) keep them."""
+    given = {name: getattr(message, name) for name in OPTION_FIELDS if message.HasField(name)}
+    return dataclasses.replace(DecodingOptions(), **given)
+
+
+def hypothesis(h: Hypothesis) -> pb.Hypothesis:
+    return pb.Hypothesis(text=h.text, score=h.score, tokens=h.tokens, alignments=[
+        pb.Alignment(target_index=a.target_index, source_index=a.source_index,
+                     source_token=a.source_token, weights=a.weights) for a in h.alignments])
+
+
+def response(translations: Sequence[Translation]) -> pb.TranslateResponse:
+    """The final answer, in request order."""
+    return pb.TranslateResponse(kind=pb.RESULT_KIND_FINAL, translations=[
+        pb.Translation(hypotheses=[hypothesis(h) for h in t.hypotheses],
+                       source_tokens=t.source_tokens) for t in translations])
+
+
+def partial(event: Partial, prepared: Sequence[Prepared]) -> pb.TranslateResponse:
+    """A streaming update: per text one hypothesis holding the text decided so far."""
+    return pb.TranslateResponse(kind=pb.RESULT_KIND_PARTIAL, translations=[
+        pb.Translation(hypotheses=[pb.Hypothesis(text=text)], source_tokens=p.source_pieces[:-1])
+        for text, p in zip(event.texts, prepared)])
+
+
+def model_info(manifest: Manifest, *, precision: str, provider: str, is_default: bool
+               ) -> pb.ModelInfo:
+    languages = manifest.raw.get("languages") or {}
+    if isinstance(languages, dict):
+        languages = [languages.get("source", ""), languages.get("target", "")]
+    return pb.ModelInfo(name=manifest.name, version=manifest.version, sha256=manifest.sha256,
+                        precision=precision, provider=provider, languages=[str(x) for x in languages],
+                        quality=flatten_numbers(manifest.raw.get("quality") or {}),
+                        is_default=is_default)
+
+
+def flatten_numbers(tree: Any, prefix: str = "") -> dict[str, float]:
+    """{"fp32": {"bleu": 30.1}} -> {"fp32.bleu": 30.1}; non-numbers dropped."""
+    out: dict[str, float] = {}
+    if isinstance(tree, dict):
+        for key, value in tree.items():
+            out.update(flatten_numbers(value, f"{prefix}{key}."))
+    elif isinstance(tree, (int, float)) and not isinstance(tree, bool) and math.isfinite(tree):
+        out[prefix.rstrip(".")] = float(tree)
+    return out

@@ -1,0 +1,282 @@
+"""``nmt serve``: the Translator gRPC service (grpc.aio), health, reflection, metrics.
+
+The official grpc.aio shape: ``build`` makes the server (tests bind port 0),
+``App.start`` runs it, SIGTERM -> NOT_SERVING -> ``server.stop(grace)`` ->
+in-flight calls finish -> exit 0. Protobuf lives only here, at the edge; the
+scheduler and the engine see dataclasses.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import sys
+import time
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import AsyncIterator, Sequence
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1.health import aio as health_aio
+from grpc_reflection.v1alpha import reflection
+
+from service import convert
+from service.config import ConfigError, ServeConfig, parse
+from service.errors import ErrorKind, ModelRepositoryError, NmtError, invalid
+from service.interface import Engine, Prepared
+from service.manifest import MANIFEST, Manifest
+from service.metrics import Metrics, MetricsServer
+from service.options import DecodingOptions, validate_options
+from service.proto.nmt.v1 import translation_pb2 as pb
+from service.proto.nmt.v1 import translation_pb2_grpc as pb_grpc
+from service.runtime import ProviderUnavailableError
+from service.scheduler import Partial, Scheduler
+
+log = logging.getLogger("nmt.server")
+
+GRPC_CODES: dict[ErrorKind, grpc.StatusCode] = {
+    ErrorKind.INVALID_ARGUMENT: grpc.StatusCode.INVALID_ARGUMENT,
+    ErrorKind.NOT_FOUND: grpc.StatusCode.NOT_FOUND,
+    ErrorKind.RESOURCE_EXHAUSTED: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    ErrorKind.DEADLINE_EXCEEDED: grpc.StatusCode.DEADLINE_EXCEEDED,
+    ErrorKind.CANCELLED: grpc.StatusCode.CANCELLED,
+    ErrorKind.UNAVAILABLE: grpc.StatusCode.UNAVAILABLE,
+    ErrorKind.INTERNAL: grpc.StatusCode.INTERNAL,
+}
+"""The one mapping from error kinds to gRPC status codes."""
+
+SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Translator"].full_name  # "nmt.v1.Translator"
+WARMUP_TEXT = "Hello world"
+
+
+@dataclass(frozen=True)
+class Model:
+    """One served model: its engine and the scheduler feeding it."""
+
+    manifest: Manifest
+    engine: Engine
+    scheduler: Scheduler
+
+    @property
+    def ref(self) -> str:
+        return f"{self.manifest.name}/{self.manifest.version}"
+
+
+def find_repositories(root: Path) -> list[Path]:
+    """``root`` itself if it holds a manifest, else every ``root/<name>/<version>/``."""
+    if (root / MANIFEST).is_file():
+        return [root]
+    found = sorted(p.parent for p in root.glob(f"*/*/{MANIFEST}"))
+    if not found:
+        raise ModelRepositoryError(f"{root}: no {MANIFEST} there nor in <name>/<version>/ below it")
+    return found
+
+
+def load_engines(config: ServeConfig) -> list[Engine]:
+    """One engine per model repository (checksums verified by the engine's manifest load)."""
+    from service.engine import Engine as OnnxEngine
+
+    return [OnnxEngine(path, precision=config.precision, provider=config.provider,
+                       intra_op_threads=config.threads or None, limits=config.limits)
+            for path in find_repositories(config.model_repository)]
+
+
+class App:
+    """The server and everything it owns: models, schedulers, health, metrics."""
+
+    def __init__(self, config: ServeConfig, engines: Sequence[Engine]) -> None:
+        self.config, self.metrics = config, Metrics()
+        models = [Model(e.manifest, e, Scheduler(e, config.scheduler, metrics=self.metrics))
+                  for e in engines]
+        models.sort(key=lambda m: _version_key(m.manifest.version), reverse=True)  # newest first
+        models.sort(key=lambda m: (m.manifest.name != config.default_model, m.manifest.name))
+        if config.default_model and models[0].manifest.name != config.default_model:
+            raise ModelRepositoryError(f"--default-model {config.default_model!r} is not among the "
+                                       f"loaded models {[m.ref for m in models]}")
+        self.models = models
+        self.health = health_aio.HealthServicer()
+        self.server = grpc.aio.server(options=[
+            ("grpc.max_receive_message_length", config.max_message_bytes),
+            ("grpc.so_reuseport", 0)])  # a busy port must fail, not be shared
+        pb_grpc.add_TranslatorServicer_to_server(TranslatorServicer(self), self.server)
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
+        reflection.enable_server_reflection(
+            [SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
+             reflection.SERVICE_NAME], self.server)
+        self.port = self.server.add_insecure_port(f"{config.host}:{config.port}")
+        self.metrics_server: MetricsServer | None = None
+
+    def model(self, name: str) -> Model:
+        if not name:
+            return self.models[0]
+        matches = [m for m in self.models if name in (m.manifest.name, m.ref)]
+        if not matches:
+            raise NmtError(ErrorKind.NOT_FOUND, f"model must be one of "
+                           f"{sorted({m.manifest.name for m in self.models})}, got {name!r}")
+        return max(matches, key=lambda m: _version_key(m.manifest.version))
+
+    @property
+    def metrics_port(self) -> int:
+        return self.metrics_server.port if self.metrics_server else 0
+
+    async def start(self) -> None:
+        """Serve; health says SERVING only after every model translated a warm-up text."""
+        for service in ("", SERVICE_NAME):
+            await self.health.set(service, health_pb2.HealthCheckResponse.NOT_SERVING)
+        for m in self.models:
+            m.scheduler.start()
+            self.metrics.set_model(name=m.manifest.name, version=m.manifest.version,
+                                   sha256=m.manifest.sha256, provider=self.config.provider,
+                                   precision=self.config.precision)
+        self.metrics_server = self.metrics.serve(host=self.config.host, port=self.config.metrics_port)
+        await self.server.start()
+        started = time.perf_counter()
+        for m in self.models:
+            await m.scheduler.translate([m.engine.prepare(WARMUP_TEXT, DecodingOptions(), 0)])
+        warmup_ms = (time.perf_counter() - started) * 1000
+        for service in ("", SERVICE_NAME):
+            await self.health.set(service, health_pb2.HealthCheckResponse.SERVING)
+        sc = self.config.scheduler
+        log.info("serving %s on %s:%d (metrics :%d/metrics), %s on %s, %s-level batching "
+                 "(max_rows=%d max_tokens=%d max_wait=%.1fms max_queued_work=%d), warm-up %.0f ms",
+                 ", ".join(m.ref for m in self.models), self.config.host, self.port,
+                 self.metrics_port, self.config.precision, self.config.provider,
+                 "step" if sc.step_level else "request", sc.max_rows, sc.max_tokens,
+                 sc.max_wait * 1000, sc.max_queued_work, warmup_ms)
+
+    async def stop(self, grace: float) -> None:
+        """NOT_SERVING, refuse new calls, let in-flight ones finish within ``grace`` seconds."""
+        await self.health.enter_graceful_shutdown()
+        await self.server.stop(grace)
+        for m in self.models:
+            await m.scheduler.close()
+        if self.metrics_server is not None:
+            self.metrics_server.close()
+
+
+def _version_key(version: str) -> tuple[int, str]:
+    return (int(version), "") if version.isdigit() else (-1, version)
+
+
+class TranslatorServicer(pb_grpc.TranslatorServicer):
+    """The three RPCs; validation, metrics and the error mapping around each."""
+
+    def __init__(self, app: App) -> None:
+        self.app = app
+
+    async def Translate(self, request: pb.TranslateRequest, context: grpc.aio.ServicerContext
+                        ) -> pb.TranslateResponse:
+        async with self._rpc("Translate", request, context):
+            model, prepared = self._prepare(request)
+            translations = await model.scheduler.translate(prepared, timeout=context.time_remaining())
+            return convert.response(translations)
+
+    async def TranslateStream(self, request: pb.TranslateRequest, context: grpc.aio.ServicerContext
+                              ) -> AsyncIterator[pb.TranslateResponse]:
+        async with self._rpc("TranslateStream", request, context):
+            model, prepared = self._prepare(request)
+            events = model.scheduler.stream(prepared, timeout=context.time_remaining())
+            try:
+                async for event in events:
+                    if isinstance(event, Partial):
+                        yield convert.partial(event, prepared)
+                    else:
+                        yield convert.response(event)
+            finally:
+                await events.aclose()
+
+    async def ListModels(self, request: pb.ListModelsRequest, context: grpc.aio.ServicerContext
+                         ) -> pb.ListModelsResponse:
+        async with self._rpc("ListModels", request, context):
+            cfg = self.app.config
+            return pb.ListModelsResponse(models=[
+                convert.model_info(m.manifest, precision=cfg.precision, provider=cfg.provider,
+                                   is_default=i == 0) for i, m in enumerate(self.app.models)])
+
+    def _prepare(self, request: pb.TranslateRequest) -> tuple[Model, list[Prepared]]:
+        """Validate the whole request (field order) and tokenize its texts."""
+        limits = self.app.config.limits
+        if not request.texts:
+            raise invalid("texts", "at least one text", 0)
+        if len(request.texts) > limits.max_texts:
+            raise invalid("texts", f"at most {limits.max_texts} texts", len(request.texts))
+        model = self.app.model(request.model)
+        options = validate_options(convert.options(request.options), limits)
+        return model, [model.engine.prepare(text, options, i) for i, text in enumerate(request.texts)]
+
+    @asynccontextmanager
+    async def _rpc(self, method: str, request: object, context: grpc.aio.ServicerContext
+                   ) -> AsyncIterator[None]:
+        """Time the call, count it by status code, map NmtError to its gRPC code, log it."""
+        metrics, code, started = self.app.metrics, grpc.StatusCode.OK, time.perf_counter()
+        try:
+            with metrics.request_duration.labels(method).time():
+                yield
+        except NmtError as e:
+            code = GRPC_CODES[e.kind]
+            if e.kind is ErrorKind.DEADLINE_EXCEEDED:  # the scheduler saw it before gRPC did
+                metrics.deadline_exceeded.inc()
+            await context.abort(code, e.message)
+        except asyncio.CancelledError:
+            remaining = context.time_remaining()
+            if remaining is not None and remaining <= 0:  # gRPC saw it before the scheduler
+                code = grpc.StatusCode.DEADLINE_EXCEEDED
+                metrics.deadline_exceeded.inc()
+            else:
+                code = grpc.StatusCode.CANCELLED
+                metrics.cancelled.inc()
+            raise
+        except Exception as e:  # a bug: say so, and keep serving everyone else
+            code = grpc.StatusCode.INTERNAL
+            log.exception("%s failed", method)
+            await context.abort(code, f"internal error: {type(e).__name__}: {e}")
+        finally:
+            metrics.requests.labels(method, code.name).inc()
+            if log.isEnabledFor(logging.DEBUG):
+                log.debug("%s peer=%s texts=%d code=%s %.1f ms", method, context.peer(),
+                          len(getattr(request, "texts", ())), code.name,
+                          (time.perf_counter() - started) * 1000)
+
+
+def build(config: ServeConfig, engines: Sequence[Engine] | None = None) -> App:
+    """The server, not yet started (call inside the event loop that will run it)."""
+    return App(config, load_engines(config) if engines is None else engines)
+
+
+async def serve(config: ServeConfig) -> int:
+    """Run until SIGTERM or SIGINT, then drain and return 0."""
+    app = build(config)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        await app.start()
+    except Exception:
+        log.exception("start-up failed (warm-up translation)")
+        await app.stop(0)
+        return 1
+    await stop.wait()
+    log.info("draining: NOT_SERVING, up to %.1f s for in-flight calls", config.grace_period)
+    await app.stop(config.grace_period)
+    log.info("stopped")
+    return 0
+
+
+def main(argv: list[str]) -> int:
+    """``nmt serve [flags]``."""
+    try:
+        config = parse(argv)
+    except ConfigError as e:
+        print(f"nmt serve: {e}", file=sys.stderr)
+        return 2
+    logging.basicConfig(level=config.log_level.upper(),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        return asyncio.run(serve(config))
+    except (ModelRepositoryError, ProviderUnavailableError) as e:
+        print(f"nmt serve: {e}", file=sys.stderr)
+        return 1

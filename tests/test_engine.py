@@ -1,0 +1,303 @@
+"""The ONNX Runtime engine: parity with PyTorch, batch invariance, continuous batching,
+attention, placeholders, int8, bad input, and no torch on the serving path."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from conftest import TINY_SENTENCES
+from service import placeholders
+from service.engine import Engine
+from service.errors import ErrorKind, ModelRepositoryError, NmtError
+from service.manifest import MANIFEST, checksums, write_manifest
+from service.options import DecodingOptions, Limits
+from service.runtime import ProviderUnavailableError
+
+PARITY_SHARE = 0.995  # the acceptance threshold: identical outputs on the test split
+MIXED_BEAMS = (1, 5, 3, 2)  # beam sizes cycled through mixed batches
+
+
+@pytest.fixture(scope="module")
+def engine(reversal_repository: Path) -> Engine:
+    return Engine(reversal_repository, intra_op_threads=1)
+
+
+@pytest.fixture(scope="module")
+def test_sources(reversal_corpus: Path) -> list[str]:
+    with (reversal_corpus / "test.jsonl").open() as f:
+        return [json.loads(line)["src_raw"] for line in f]
+
+
+def ids_of(engine: Engine, pieces: tuple[str, ...]) -> list[int]:
+    return [engine.tokenizer.target.piece_to_id(p) for p in pieces]
+
+
+def mixed_options(i: int) -> DecodingOptions:
+    beam = MIXED_BEAMS[i % len(MIXED_BEAMS)]
+    return DecodingOptions(beam_size=beam, num_hypotheses=min(2, beam), length_penalty=0.5 * (i % 3))
+
+
+@pytest.fixture(scope="module")
+def alone(engine: Engine, test_sources: list[str]) -> list:
+    """Each of the first 120 test sentences decoded on its own."""
+    return [engine.translate([s], mixed_options(i))[0] for i, s in enumerate(test_sources[:120])]
+
+
+def outputs(translation) -> list[tuple[tuple[str, ...], float]]:
+    return [(h.tokens, h.score) for h in translation.hypotheses]
+
+
+@pytest.mark.parametrize("beam", [1, 5])
+def test_parity_with_the_pytorch_reference(engine: Engine, reversal_checkpoint: Path,
+                                           test_sources: list[str], beam: int) -> None:
+    import torch
+
+    from export.checkpoint import load_checkpoint
+    from export.search import beam_search, greedy
+    from export.train import collate
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # like the engine's sessions here; restored below
+    model = load_checkpoint(reversal_checkpoint).model()
+    encoded = [engine.tokenizer.encode(s).ids for s in test_sources]
+    src, lengths, _, _ = collate([(ids, [engine.special.eos]) for ids in encoded])
+    reference = beam_search(model, src, lengths, beam_size=beam, length_penalty=1.0, max_len=200, max_ratio=3.0)
+    got = engine.translate(test_sources, DecodingOptions(beam_size=beam, length_penalty=1.0,
+                                                         max_decoding_length=200, max_length_ratio=3.0))
+    same = [ids_of(engine, g.hypotheses[0].tokens) == r[0].tokens for g, r in zip(got, reference)]
+    assert sum(same) / len(same) >= PARITY_SHARE, f"beam {beam}: {sum(same)}/{len(same)} identical"
+    if beam == 1:  # greedy is beam 1: the batched beam reference equals the greedy reference
+        assert [h.tokens for h in greedy(model, src, lengths)] == [r[0].tokens for r in reference]
+    torch.set_num_threads(threads)
+    # and the reversal model really reverses
+    right = [g.hypotheses[0].text == " ".join(reversed(s.split())) for g, s in zip(got, test_sources)]
+    assert sum(right) / len(right) >= 0.9
+
+
+def test_batch_invariance_mixed_lengths_and_beam_sizes(engine: Engine, test_sources: list[str],
+                                                       alone: list) -> None:
+    sources = test_sources[:120]
+    batch = engine.new_batch()
+    batch.add([(i, engine.prepare(s, mixed_options(i), i)) for i, s in enumerate(sources)])
+    assert batch.live_rows == sum(mixed_options(i).beam_size for i in range(len(sources)))
+    real, padded = batch.padded_tokens
+    assert 0 < real < padded
+    results = {}
+    while batch.live_rows:
+        results.update(batch.step())
+    assert [outputs(results[i]) for i in range(len(sources))] == [outputs(t) for t in alone]
+    assert {len(t.hypotheses) for t in alone} == {1, 2}
+
+
+def test_continuous_batching_gives_the_same_results(engine: Engine, test_sources: list[str],
+                                                    alone: list) -> None:
+    pending = [(i, engine.prepare(s, mixed_options(i), i)) for i, s in enumerate(test_sources[:120])]
+    rng = np.random.default_rng(0)
+    batch, results, steps = engine.new_batch(), {}, 0
+    while pending or batch.live_rows:
+        n = int(rng.integers(0, 12))
+        batch.add(pending[:n])  # joins between steps, sources longer or shorter than the running ones
+        pending = pending[n:]
+        results.update(batch.step())
+        steps += 1
+    assert steps > 20
+    assert [outputs(results[i]) for i in range(len(alone))] == [outputs(t) for t in alone]
+
+
+def test_removing_a_text_frees_its_rows(engine: Engine, test_sources: list[str], alone: list) -> None:
+    batch = engine.new_batch()
+    batch.add([(i, engine.prepare(test_sources[i], mixed_options(i), i)) for i in range(4)])  # beams 1 5 3 2
+    assert batch.live_rows == 11
+    batch.step()
+    batch.remove([1])
+    assert batch.live_rows == 6
+    assert batch.padded_tokens[0] == sum(
+        mixed_options(i).beam_size * len(engine.prepare(test_sources[i], mixed_options(i), i).source_ids)
+        for i in (0, 2, 3))
+    with pytest.raises(KeyError):
+        batch.prefix(1)
+    results = {}
+    while batch.live_rows:
+        results.update(batch.step())
+    assert sorted(results) == [0, 2, 3]
+    assert all(outputs(results[i]) == outputs(alone[i]) for i in (0, 2, 3))
+    batch.remove([0, 99])  # finished or unknown keys: nothing to do
+    assert batch.live_rows == 0 and batch.step() == []
+
+
+def test_prefix_grows_into_the_greedy_result(engine: Engine) -> None:
+    text = "1 2 3 4 5 6 7 8"
+    batch = engine.new_batch()
+    batch.add([("k", engine.prepare(text, DecodingOptions(), 0))])
+    prefixes, done = [], []
+    while not done:
+        prefixes.append(batch.prefix("k"))
+        done = batch.step()
+    final = done[0][1].hypotheses[0].text
+    assert final == "8 7 6 5 4 3 2 1"
+    assert prefixes[0] == "" and all(final.startswith(p) for p in prefixes)
+    assert len(set(prefixes)) > 4  # it streams
+
+
+def test_int8_graphs_are_selectable_and_sensible(reversal_repository: Path, engine: Engine,
+                                                 test_sources: list[str]) -> None:
+    int8 = Engine(reversal_repository, precision="int8", intra_op_threads=1)
+    assert int8.precision == "int8"
+    sources = test_sources[:100]
+    got = int8.translate(sources, DecodingOptions(beam_size=2))
+    right = [g.hypotheses[0].text == " ".join(reversed(s.split())) for g, s in zip(got, sources)]
+    assert sum(right) >= 85
+    fp32 = engine.translate(sources[:10], DecodingOptions(beam_size=2))
+    assert [g.hypotheses[0].score for g in got[:10]] != [g.hypotheses[0].score for g in fp32]
+    # per-row activation quantization: int8 results do not depend on the batch either
+    batched = int8.translate(sources[:40], DecodingOptions(beam_size=2))
+    alone = [int8.translate([s], DecodingOptions(beam_size=2))[0] for s in sources[:40]]
+    assert [outputs(t) for t in batched] == [outputs(t) for t in alone]
+
+
+def test_attention_lies_on_the_anti_diagonal(engine: Engine, test_sources: list[str]) -> None:
+    sources = test_sources[:40]
+    got = engine.translate(sources, DecodingOptions(beam_size=3, num_hypotheses=2, return_attention=True))
+    near, total = 0, 0
+    for t, s in zip(got, sources):  # reversed pieces: target token i attends to source piece n-1-i
+        n = len(t.source_tokens)  # pieces, EOS excluded
+        assert t.source_tokens == engine.prepare(s, DecodingOptions(), 0).source_pieces[:-1]
+        for h in t.hypotheses:
+            assert len(h.alignments) == len(h.tokens)
+            for a in h.alignments:
+                assert len(a.weights) == n + 1  # a row over the source pieces and EOS
+                assert sum(a.weights) == pytest.approx(1.0, abs=1e-4)
+                assert a.source_index == int(np.argmax(a.weights))
+                assert a.source_token == (t.source_tokens + ("</s>",))[a.source_index]
+                near += abs(a.source_index - (n - 1 - a.target_index)) <= 1
+                total += 1
+    assert near / total >= 0.9
+    plain = engine.translate(sources[:3], DecodingOptions(return_scores=False))
+    assert all(h.alignments == () and h.score == 0.0 for t in plain for h in t.hypotheses)
+
+
+def test_hypotheses_are_ranked_and_distinct(engine: Engine) -> None:
+    t = engine.translate(["3 1 4 1 5"], DecodingOptions(beam_size=5, num_hypotheses=4))[0]
+    assert len(t.hypotheses) == 4 and len({h.tokens for h in t.hypotheses}) == 4
+    norm = [h.score / (len(h.tokens) + 1) for h in t.hypotheses]  # length_penalty 1, EOS counted
+    assert norm == sorted(norm, reverse=True)
+    assert t.hypotheses[0].text == "5 1 4 1 3"
+
+
+@pytest.mark.parametrize("beam", [1, 3])
+def test_placeholders_are_kept_exactly(tiny_repository: Path, beam: int) -> None:
+    engine = Engine(tiny_repository, intra_op_threads=1)
+    sources = [src for src, _ in TINY_SENTENCES]
+    got = engine.translate(sources, DecodingOptions(beam_size=beam, num_hypotheses=beam))
+    with_placeholders = 0
+    for src, t in zip(sources, got):
+        wanted = sorted(placeholders.find(src))
+        with_placeholders += bool(wanted)
+        for h in t.hypotheses:
+            assert sorted(placeholders.find(h.text)) == wanted, (src, h.text)
+    assert with_placeholders >= 6
+
+
+LONG = " ".join(["7"] * 300)
+
+
+@pytest.mark.parametrize("text, options, match", [
+    ("", DecodingOptions(), r"texts\[0\] must be a non-empty, non-whitespace string, got ''"),
+    (" \t\n", DecodingOptions(), r"texts\[0\] must be a non-empty, non-whitespace string"),
+    (LONG, DecodingOptions(), r"texts\[0\] must be at most 200 source tokens .*got 301"),
+    ("1" * 2001, DecodingOptions(), r"texts\[0\] length must be at most 2000 characters, got 2001"),
+    ("1 2", DecodingOptions(beam_size=0), r"options\.beam_size must be between 1 and 16, got 0"),
+    ("1 2", DecodingOptions(beam_size=17), r"options\.beam_size must be between 1 and 16, got 17"),
+    ("1 2", DecodingOptions(beam_size=2, num_hypotheses=3),
+     r"options\.num_hypotheses must be between 1 and beam_size \(2\), got 3"),
+    ("1 2", DecodingOptions(max_decoding_length=-1), r"options\.max_decoding_length must be between 1 and 512, got -1"),
+    ("1 2", DecodingOptions(max_decoding_length=10**9), r"options\.max_decoding_length .* got 1000000000"),
+    ("1 2", DecodingOptions(max_length_ratio=-2.0), r"options\.max_length_ratio must be in \(0, 10\.0\], got -2\.0"),
+    ("1 2", DecodingOptions(max_length_ratio=1e6), r"options\.max_length_ratio .* got 1000000\.0"),
+    ("1 2", DecodingOptions(length_penalty=-1.0), r"options\.length_penalty must be between 0 and 10, got -1\.0"),
+])
+def test_bad_input_names_field_limit_and_value(engine: Engine, text: str, options: DecodingOptions,
+                                               match: str) -> None:
+    with pytest.raises(NmtError, match=match) as err:
+        engine.prepare(text, options, 0)
+    assert err.value.kind is ErrorKind.INVALID_ARGUMENT
+
+
+def test_translate_names_the_bad_text_by_index(engine: Engine) -> None:
+    with pytest.raises(NmtError, match=r"texts\[2\] must be a non-empty"):
+        engine.translate(["1 2", "3", "   "])
+    small = Engine(engine.manifest, limits=Limits(max_source_tokens=4))
+    with pytest.raises(NmtError, match=r"texts\[0\] must be at most 4 source tokens .*got 6"):
+        small.prepare("1 2 3 5 6", DecodingOptions(), 0)
+
+
+def edited_copy(repo: Path, tmp_path: Path, edit) -> Path:
+    copy = Path(shutil.copytree(repo, tmp_path / "repo"))
+    raw = json.loads((copy / MANIFEST).read_text())
+    edit(copy, raw)
+    raw["files"] = checksums(copy, list(raw["files"]))
+    write_manifest(copy, raw)
+    return copy
+
+
+def test_invalid_repositories_are_refused(tiny_repository: Path, tmp_path: Path) -> None:
+    with pytest.raises(ModelRepositoryError, match="does not exist"):
+        Engine(tmp_path / "missing")
+    tampered = Path(shutil.copytree(tiny_repository, tmp_path / "tampered"))
+    with (tampered / "decoder_step.onnx").open("ab") as f:
+        f.write(b"\0")
+    with pytest.raises(ModelRepositoryError, match=r"decoder_step\.onnx: sha256 mismatch"):
+        Engine(tampered)
+    garbage = edited_copy(tiny_repository, tmp_path / "g",
+                          lambda root, raw: (root / "encoder.onnx").write_bytes(b"not onnx"))
+    with pytest.raises(ModelRepositoryError, match=r"encoder\.onnx: cannot be loaded by ONNX Runtime"):
+        Engine(garbage)
+
+    def swap(root: Path, raw: dict) -> None:
+        raw["graphs"]["fp32"] = {"encoder": "decoder_step.onnx", "decoder_step": "encoder.onnx"}
+
+    with pytest.raises(ModelRepositoryError, match="do not match the contract"):
+        Engine(edited_copy(tiny_repository, tmp_path / "s", swap))
+    no_int8 = edited_copy(tiny_repository, tmp_path / "n", lambda root, raw: raw["graphs"].pop("int8"))
+    with pytest.raises(ModelRepositoryError, match=r"no 'int8' graphs \(the manifest has \['fp32'\]\)"):
+        Engine(no_int8, precision="int8")
+    bad_tok = edited_copy(tiny_repository, tmp_path / "t",
+                          lambda root, raw: (root / "target.model").write_bytes(b"junk"))
+    with pytest.raises(ModelRepositoryError, match=r"target\.model: not a SentencePiece model"):
+        Engine(bad_tok)
+
+
+def test_bad_engine_settings(tiny_repository: Path) -> None:
+    with pytest.raises(ValueError, match="precision must be one of"):
+        Engine(tiny_repository, precision="int4")
+    with pytest.raises(ValueError, match="provider must be one of"):
+        Engine(tiny_repository, provider="tpu")
+    with pytest.raises(ValueError, match="intra_op_threads must be >= 1, got 0"):
+        Engine(tiny_repository, intra_op_threads=0)
+    import onnxruntime
+
+    if "CUDAExecutionProvider" not in onnxruntime.get_available_providers():
+        with pytest.raises(ProviderUnavailableError, match="onnxruntime-gpu"):
+            Engine(tiny_repository, provider="cuda")
+
+
+def test_the_engine_never_imports_torch(tiny_repository: Path) -> None:
+    code = (
+        "import sys\n"
+        "from service.engine import Engine\n"
+        "from service.options import DecodingOptions\n"
+        f"e = Engine({str(tiny_repository)!r}, intra_op_threads=1)\n"
+        "t = e.translate(['Delete %s files?', 'Open the file'], DecodingOptions(beam_size=2, return_attention=True))\n"
+        "assert t[0].hypotheses[0].text and '%s' in t[0].hypotheses[0].text\n"
+        "bad = sorted(m for m in sys.modules if m == 'torch' or m.startswith(('torch.', 'export')))\n"
+        "print('imported:', bad)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "imported: []"

@@ -1,0 +1,354 @@
+"""Observability end to end: ``nmt serve`` as a process, scraped by promtool, a real
+Prometheus and the dashboard's queries; the Locust load test in a short run.
+
+Metric values for a known sequence of requests are checked in test_server.py;
+here: the exposition is valid for Prometheus' own tools, scraping does not get
+in the way of translating, and every dashboard query returns data from a real
+Prometheus that scraped the service under load. Loopback only, bounded in time.
+Tests that need Debian's ``prometheus`` package (promtool, prometheus) skip
+without it.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import os
+import re
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from pathlib import Path
+from typing import Iterator
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from service.metrics import Metrics
+from service.proto.nmt.v1 import translation_pb2 as pb
+from service.proto.nmt.v1 import translation_pb2_grpc as pb_grpc
+
+ROOT = Path(__file__).resolve().parents[1]
+DASHBOARD = ROOT / "deploy" / "grafana" / "dashboards" / "nmt-serve.json"
+DATASOURCE = ROOT / "deploy" / "grafana" / "provisioning" / "datasources" / "prometheus.yml"
+RATE_WINDOW = "1m"  # stands in for Grafana's $__rate_interval; covers the whole short load
+SCRAPE_INTERVAL = "1s"
+LOAD_SECONDS = 6.0
+SCRAPE_TEST_SECONDS = 2.0
+STARTUP_SECONDS = 240
+SHORT = pb.DecodingOptions(max_decoding_length=8)  # an untrained model would decode to the cap
+
+needs_promtool = pytest.mark.skipif(shutil.which("promtool") is None,
+                                    reason="promtool not installed (apt-get install prometheus)")
+needs_prometheus = pytest.mark.skipif(shutil.which("prometheus") is None,
+                                      reason="prometheus not installed (apt-get install prometheus)")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_until(check, *, seconds: float, what: str) -> None:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if check():
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"timed out after {seconds} s waiting for {what}")
+
+
+class Server:
+    """``nmt serve`` in a subprocess on free loopback ports."""
+
+    def __init__(self, repository: Path, log: Path) -> None:
+        self.port, self.metrics_port = free_port(), free_port()
+        self.address = f"127.0.0.1:{self.port}"
+        self.log = log
+        with log.open("w") as out:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "service.cli", "serve", "--model-repository", str(repository),
+                 "--host", "127.0.0.1", "--port", str(self.port), "--metrics-port",
+                 str(self.metrics_port), "--max-wait-ms", "5"], cwd=ROOT, stdout=out, stderr=out)
+        self.channel = grpc.insecure_channel(self.address)
+        self.api = pb_grpc.TranslatorStub(self.channel)
+        wait_until(self.serving, seconds=STARTUP_SECONDS, what="health SERVING")
+
+    def serving(self) -> bool:
+        if self.proc.poll() is not None:
+            raise AssertionError(f"server exited: {self.log.read_text()[-2000:]}")
+        try:
+            reply = health_pb2_grpc.HealthStub(self.channel).Check(health_pb2.HealthCheckRequest(), timeout=1)
+        except grpc.RpcError:
+            return False
+        return reply.status == health_pb2.HealthCheckResponse.SERVING
+
+    def scrape(self, timeout: float = 10) -> str:
+        url = f"http://127.0.0.1:{self.metrics_port}/metrics"
+        return urllib.request.urlopen(url, timeout=timeout).read().decode()
+
+    def translate(self, text: str = "Open the file") -> float:
+        """Seconds one short request takes."""
+        started = time.perf_counter()
+        self.api.Translate(pb.TranslateRequest(texts=[text], options=SHORT), timeout=60)
+        return time.perf_counter() - started
+
+    def stop(self) -> None:
+        self.channel.close()
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            assert self.proc.wait(timeout=60) == 0
+        finally:
+            self.proc.kill()
+
+
+@pytest.fixture(scope="module")
+def server(tiny_repository: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    s = Server(tiny_repository, tmp_path_factory.mktemp("observability") / "server.log")
+    yield s
+    s.stop()
+
+
+def drive_load(server: Server, seconds: float) -> None:
+    """A few threads of mixed traffic: greedy, beam with n-best, streams, and bad input."""
+    errors: list[BaseException] = []
+
+    def request(i: int) -> None:
+        if i % 7 == 1:  # INVALID_ARGUMENT: the dashboard's error panels need an error
+            bad = pb.TranslateRequest(texts=["x"], options=pb.DecodingOptions(beam_size=10_000))
+            try:
+                server.api.Translate(bad, timeout=30)
+            except grpc.RpcError as e:
+                assert e.code() == grpc.StatusCode.INVALID_ARGUMENT, e
+                return
+            raise AssertionError("beam_size=10000 was accepted")
+        if i % 5 == 2:
+            list(server.api.TranslateStream(pb.TranslateRequest(texts=["Save the file"], options=SHORT),
+                                            timeout=60))
+            return
+        options = SHORT if i % 2 else pb.DecodingOptions(beam_size=3, num_hypotheses=2, max_decoding_length=8)
+        server.api.Translate(pb.TranslateRequest(texts=["Delete %s files?", "Open the file"], options=options),
+                             timeout=60)
+
+    def worker(seed: int) -> None:  # thread 1 starts with the bad request, thread 2 with a stream
+        end, i = time.monotonic() + seconds, seed
+        while time.monotonic() < end:
+            try:
+                request(i)
+            except BaseException as e:  # noqa: BLE001 - reported by the caller's thread
+                errors.append(e)
+                return
+            i += 1
+    threads = [threading.Thread(target=worker, args=(seed,)) for seed in range(1, 4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+
+
+# ---- the exposition and the gRPC path ------------------------------------------------------
+
+@needs_promtool
+def test_promtool_accepts_the_scraped_metrics(server: Server) -> None:
+    drive_load(server, 1.0)  # labelled families (method, code) appear once used
+    text = server.scrape()
+    assert 'nmt_requests_total{code="INVALID_ARGUMENT",method="Translate"}' in text
+    out = subprocess.run(["promtool", "check", "metrics"], input=text, capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 0, out.stdout + out.stderr
+
+
+def test_a_stalled_metrics_client_blocks_neither_grpc_nor_other_scrapes(server: Server) -> None:
+    stalled = [socket.create_connection(("127.0.0.1", server.metrics_port)) for _ in range(2)]
+    try:
+        stalled[0].sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n")  # headers never finished
+        assert server.translate() < 30
+        assert "nmt_queue_depth" in server.scrape(timeout=5)
+    finally:
+        for s in stalled:
+            s.close()
+
+
+def test_scraping_hard_does_not_slow_translation(server: Server) -> None:
+    """Scraping 20 times a second (100x a usual 5 s interval) leaves gRPC latency near its baseline."""
+    def latencies(seconds: float) -> list[float]:
+        end, found = time.monotonic() + seconds, []
+        while time.monotonic() < end or len(found) < 5:
+            found.append(server.translate())
+        return found
+    server.translate()
+    baseline = statistics.median(latencies(SCRAPE_TEST_SECONDS))
+    stop, scrapes = threading.Event(), []
+
+    def scrape_often() -> None:
+        while not stop.is_set():
+            scrapes.append(len(server.scrape()))
+            stop.wait(0.05)
+    scraper = threading.Thread(target=scrape_often)
+    scraper.start()
+    try:
+        loaded = statistics.median(latencies(SCRAPE_TEST_SECONDS))
+    finally:
+        stop.set()
+        scraper.join()
+    assert len(scrapes) >= 10
+    assert loaded <= 2 * baseline + 0.05, (baseline, loaded)
+
+
+# ---- the dashboard --------------------------------------------------------------------------
+
+def dashboard_queries() -> list[tuple[str, str]]:
+    """(panel title, PromQL) for every target, Grafana's interval variables filled in."""
+    panels = json.loads(DASHBOARD.read_text())["panels"]
+    return [(p["title"], t["expr"].replace("$__rate_interval", RATE_WINDOW).replace("$__interval", RATE_WINDOW))
+            for p in panels for t in p["targets"]]
+
+
+def exported_names() -> set[str]:
+    """Every sample name the server's metrics produce (families and their suffixes)."""
+    suffixes = {"counter": ["_total"], "histogram": ["_bucket", "_count", "_sum"], "gauge": [""]}
+    return {f.name + s for f in Metrics().registry.collect() for s in suffixes[f.type]}
+
+
+def test_dashboard_panels_use_only_exported_metrics_and_the_provisioned_datasource() -> None:
+    dashboard = json.loads(DASHBOARD.read_text())
+    uid = re.search(r"^\s*uid:\s*(\S+)", DATASOURCE.read_text(), re.M).group(1)
+    names = exported_names()
+    assert {"nmt_request_duration_seconds_bucket", "nmt_queue_depth", "nmt_padding_ratio_sum"} <= names
+    ids = [p["id"] for p in dashboard["panels"]]
+    assert len(ids) == len(set(ids))
+    for panel in dashboard["panels"]:
+        assert panel["datasource"]["uid"] == uid and panel["targets"], panel["title"]
+    for title, expr in dashboard_queries():
+        used = set(re.findall(r"\bnmt_[a-z_]+", expr))
+        assert used and used <= names, (title, used - names)
+    titles = " ".join(p["title"] for p in dashboard["panels"]).lower()
+    for wanted in ("p99", "requests/s", "tokens/s", "by grpc code", "queue depth", "rows per", "padding"):
+        assert wanted in titles
+
+
+@needs_promtool
+def test_dashboard_expressions_parse(tmp_path: Path) -> None:
+    rules = {"groups": [{"name": "dashboard", "rules": [
+        {"record": f"dashboard:query_{i}", "expr": expr} for i, (_, expr) in enumerate(dashboard_queries())]}]}
+    path = tmp_path / "rules.json"  # YAML is a superset of JSON
+    path.write_text(json.dumps(rules))
+    out = subprocess.run(["promtool", "check", "rules", str(path)], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stdout + out.stderr
+
+
+# ---- a real Prometheus ------------------------------------------------------------------------
+
+class Prometheus:
+    """A Prometheus server on loopback scraping one target every second."""
+
+    def __init__(self, root: Path, target: str) -> None:
+        self.url = f"http://127.0.0.1:{free_port()}"
+        config = root / "prometheus.yml"
+        config.write_text(json.dumps({
+            "global": {"scrape_interval": SCRAPE_INTERVAL, "evaluation_interval": SCRAPE_INTERVAL},
+            "scrape_configs": [{"job_name": "nmt", "static_configs": [{"targets": [target]}]}]}))
+        self.log = root / "prometheus.log"
+        with self.log.open("w") as out:
+            self.proc = subprocess.Popen(
+                ["prometheus", f"--config.file={config}", f"--storage.tsdb.path={root / 'data'}",
+                 f"--web.listen-address={self.url.removeprefix('http://')}"], stdout=out, stderr=out)
+        wait_until(self.ready, seconds=60, what="Prometheus ready")
+        wait_until(lambda: self.values('up{job="nmt"}') == [1.0], seconds=30, what="first scrape")
+
+    def ready(self) -> bool:
+        if self.proc.poll() is not None:
+            raise AssertionError(f"prometheus exited: {self.log.read_text()[-2000:]}")
+        try:
+            return urllib.request.urlopen(f"{self.url}/-/ready", timeout=2).status == 200
+        except OSError:
+            return False
+
+    def query(self, expr: str) -> dict:
+        url = f"{self.url}/api/v1/query?" + urllib.parse.urlencode({"query": expr})
+        try:
+            return json.load(urllib.request.urlopen(url, timeout=10))
+        except urllib.error.HTTPError as e:  # 400 on a parse error: the body says why
+            return json.load(e)
+
+    def values(self, expr: str) -> list[float]:
+        reply = self.query(expr)
+        assert reply["status"] == "success", (expr, reply)
+        return [float(r["value"][1]) for r in reply["data"]["result"]]
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=30)
+        finally:
+            self.proc.kill()
+
+
+@pytest.fixture(scope="module")
+def prometheus(server: Server, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Prometheus]:
+    """Prometheus after it scraped the server through a short mixed load."""
+    p = Prometheus(tmp_path_factory.mktemp("prometheus"), f"127.0.0.1:{server.metrics_port}")
+    try:
+        drive_load(server, LOAD_SECONDS)
+        scraped = p.values("max(timestamp(nmt_queue_depth))")[0]
+        wait_until(lambda: p.values("max(timestamp(nmt_queue_depth))")[0] >= scraped + 2,
+                   seconds=30, what="scrapes after the load")
+        yield p
+    finally:
+        p.stop()
+
+
+@needs_prometheus
+def test_prometheus_quantile_over_the_latency_histogram(prometheus: Prometheus) -> None:
+    p99 = prometheus.values("histogram_quantile(0.99, sum by (le) "
+                            f"(rate(nmt_request_duration_seconds_bucket[{RATE_WINDOW}])))")
+    assert len(p99) == 1 and 0 < p99[0] < math.inf
+
+
+@needs_prometheus
+def test_every_dashboard_query_returns_data(prometheus: Prometheus) -> None:
+    empty = []
+    for title, expr in dashboard_queries():
+        values = prometheus.values(expr)
+        if not any(math.isfinite(v) for v in values):
+            empty.append((title, expr, values))
+    assert not empty
+
+
+# ---- Locust ---------------------------------------------------------------------------------
+
+def test_short_locust_run_has_no_failures(tiny_repository: Path, tiny_corpus: Path, tmp_path: Path) -> None:
+    """``make loadtest``'s script end to end: it starts a server, runs Locust, stops the server."""
+    if importlib.util.find_spec("locust") is None:  # not imported: locust monkey-patches on import
+        pytest.skip("locust not installed (pip install -e '.[loadtest]')")
+    out = tmp_path / "results"
+    env = {**os.environ, "NMT_LOCUST_BEAM": "2", "NMT_LOCUST_NBEST": "2", "NMT_LOCUST_BATCH_TEXTS": "3"}
+    run = subprocess.run(
+        [sys.executable, "loadtest/run_locust.py", "--model-repository", str(tiny_repository),
+         "--texts", str(tiny_corpus / "test.jsonl"), "--users", "3", "--time", "15", "--wait", "0,0.1",
+         "--weights", "short=1,long=1,beam=1,nbest=1,batch=1,stream=1", "--output", str(out),
+         "--prefix", "short"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    stats = json.loads((out / "short.json").read_text())
+    assert sum(e["num_requests"] for e in stats) >= 5
+    assert sum(e["num_failures"] for e in stats) == 0
+    assert {e["name"] for e in stats} <= {"Translate short", "Translate long", "Translate beam",
+                                          "Translate nbest", "Translate batch", "TranslateStream long"}
+    assert len((out / "short_stats.csv").read_text().splitlines()) >= 2
+    assert "<html" in (out / "short.html").read_text().lower()
+    assert (out / "short_exceptions.csv").read_text().count("\n") == 1  # the header only
+    summary = json.loads((out / "short_summary.json").read_text())
+    assert summary[0]["users"] == 3 and summary[0]["failures"] == 0 and summary[0]["tokens_per_s"] > 0
+    assert "stopped" in (out / "short_server.log").read_text()
