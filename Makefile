@@ -11,6 +11,10 @@ CORPUS_PACKAGES := django==5.2.19 sphinx==9.0.4 wagtail==8.0.1 django-allauth==6
 BUILD := build
 TRAIN_MINUTES ?= 66
 
+LOADTEST_USERS ?= 8
+LOADTEST_TIME ?= 180
+IMAGE ?= nmt-serve:0.1.0
+
 .PHONY: serve test model proto image loadtest clean
 
 $(BIN)/python:
@@ -49,6 +53,14 @@ model: $(VENV)/.dev
 	$(BIN)/nmt evaluate models/en-fr/checkpoint-1.pt --corpus $(BUILD)/corpus --output $(BUILD)/eval
 	$(BIN)/nmt export models/en-fr/checkpoint-1.pt --output $(MODEL_REPOSITORY) --quantize int8 \
 		--test-split $(BUILD)/corpus/test.jsonl --quality $(BUILD)/eval/results.json --force
+
+# Locust, headless, against a server it starts (reports under loadtest/results/locust/)
+loadtest: $(VENV)/.dev
+	$(BIN)/python loadtest/run_locust.py --model-repository $(MODEL_REPOSITORY) --users $(LOADTEST_USERS) --time $(LOADTEST_TIME)
+
+# the serving image (no torch); needs a Docker engine (../shared/tools/container-engine/setup.sh here)
+image:
+	docker build -t $(IMAGE) -t nmt-serve:latest .
 
 clean:
 	rm -rf $(BUILD) .pytest_cache

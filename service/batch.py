@@ -88,6 +88,8 @@ class Batch:
         encoded = self._encode([t.prepared for t in texts])
         expand = np.repeat(np.arange(len(texts)), [t.search.rows for t in texts])  # (new_rows,)
         width = _width(self._texts + texts)
+        if self._texts:  # after leavers the old rows may be a wider view (see _relayout): keep it
+            width = max(width, self._mask.shape[1])
         new = (encoded.annotations[expand], encoded.keys[expand],
                _source_mask([t.src_len for t in texts], encoded.annotations.shape[1])[expand])
         old = (self._annotations, self._keys, self._mask) if self._texts else (None, None, None)

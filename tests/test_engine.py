@@ -111,6 +111,25 @@ def test_continuous_batching_gives_the_same_results(engine: Engine, test_sources
     assert [outputs(results[i]) for i in range(len(alone))] == [outputs(t) for t in alone]
 
 
+def test_a_text_joins_after_a_longer_one_left(engine: Engine) -> None:
+    """Regression: a long text leaving the end of the batch leaves its wider (masked) columns
+    behind as a view; a text joining afterwards must fit that width."""
+    short_opts, quick = DecodingOptions(), DecodingOptions(max_decoding_length=1)
+    staying = engine.prepare("1 2 3 4 5 6 7 8", short_opts, 0)
+    leaving = engine.prepare("1 2 3 4 5 6 7 8 9", quick, 1)  # longer, finishes at once
+    joining = engine.prepare("4 5 6", short_opts, 2)
+    batch = engine.new_batch()
+    batch.add([(0, staying)])
+    batch.add([(1, leaving)])  # appended after the shorter text
+    results = dict(batch.step())
+    assert list(results) == [1]
+    batch.add([(2, joining)])
+    while batch.live_rows:
+        results.update(batch.step())
+    assert outputs(results[0]) == outputs(engine.translate(["1 2 3 4 5 6 7 8"])[0])
+    assert outputs(results[2]) == outputs(engine.translate(["4 5 6"])[0])
+
+
 def test_removing_a_text_frees_its_rows(engine: Engine, test_sources: list[str], alone: list) -> None:
     batch = engine.new_batch()
     batch.add([(i, engine.prepare(test_sources[i], mixed_options(i), i)) for i in range(4)])  # beams 1 5 3 2
