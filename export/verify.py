@@ -6,7 +6,7 @@ rows and source-length axes are really dynamic (declared symbolic, and run at
 batch 1, 2, 7, 32 x source length 1, 5, 40 with mixed lengths in a batch);
 per-step parity with PyTorch on those random padded batches; padding
 invariance (a sentence alone vs inside a batch padded to a longer source); and
-end-to-end greedy parity (a numpy loop over the ONNX graphs vs
+end-to-end greedy parity (the serving engine, `service.engine`, vs
 ``export.search.greedy``) on the test split, or on random sources without one.
 
 int8 parity with PyTorch is looser and documented in ``TOLERANCES``: weights
@@ -32,11 +32,13 @@ from onnxruntime.capi import onnxruntime_pybind11_state as ort_state
 from export.checkpoint import CheckpointError, load_checkpoint
 from export.corpus import read_split
 from export.model import RNNSearch
-from export.search import _lengths as greedy_limits  # the reference's own length limits
 from export.search import greedy
+from service.engine import Engine
 from service.errors import ModelRepositoryError
+from service.interface import Prepared
 from service.manifest import (DECODER_INPUTS, DECODER_OUTPUTS, ENCODER_INPUTS, ENCODER_OUTPUTS,
                               MANIFEST, Manifest, load_manifest, sha256_file)
+from service.options import DecodingOptions
 from service.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer
 
 DYNAMIC_AXES = frozenset({"batch", "rows", "src_len", "k"})
@@ -271,26 +273,18 @@ def check_padding(graphs: Graphs, vocab_sizes: tuple[int, int], tol: Tolerances,
                  key="padding_max_abs_diff", value=diff)
 
 
-def onnx_greedy(graphs: Graphs, src: np.ndarray, lengths: np.ndarray, *, limits: list[int]
-                ) -> list[list[int]]:
-    """Greedy decoding with the ONNX graphs, the same loop as ``export.search.greedy``."""
-    annotations, keys, state = graphs.encode(src, lengths)
-    src_mask = src != PAD_ID  # (batch, src_len)
-    tokens: list[list[int]] = [[] for _ in range(len(src))]
-    live = np.arange(len(src))
-    prev = np.full(len(src), BOS_ID, dtype=np.int64)
-    while live.size:
-        out = graphs.step(prev, state, annotations[live], keys[live], src_mask[live], k=1)
-        best = out["topk_ids"][:, 0]  # (rows,)
-        keep = []
-        for row, b in enumerate(live.tolist()):
-            if best[row] == EOS_ID:
-                continue
-            tokens[b].append(int(best[row]))
-            if len(tokens[b]) < limits[b]:
-                keep.append(row)
-        live, prev, state = live[keep], best[keep], out["next_state"][keep]
-    return tokens
+def engine_greedy(engine: Engine, sources: list[list[int]]) -> list[list[int]]:
+    """Greedy target ids from the serving engine itself (``service.engine``): the parity
+    check covers the code that serves, not a second decoding loop."""
+    options = DecodingOptions(max_decoding_length=GREEDY_MAX_LEN, max_length_ratio=GREEDY_MAX_RATIO)
+    batch = engine.new_batch()
+    batch.add([(i, Prepared(text="", source_ids=tuple(ids), source_pieces=tuple(map(str, ids)),
+                            placeholders=(), options=options)) for i, ids in enumerate(sources)])
+    done: dict = {}
+    while batch.live_rows:
+        done.update(batch.step())
+    target = engine.tokenizer.target
+    return [[target.piece_to_id(p) for p in done[i].hypotheses[0].tokens] for i in range(len(sources))]
 
 
 def pad(sources: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
@@ -301,7 +295,7 @@ def pad(sources: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
     return src, lengths
 
 
-def check_greedy(graphs: Graphs, model: RNNSearch, sources: list[list[int]], label: str,
+def check_greedy(engine: Engine, model: RNNSearch, sources: list[list[int]], label: str,
                  tol: Tolerances) -> Check:
     """Share of sentences whose ONNX greedy output is token-identical to PyTorch's."""
     order = sorted(range(len(sources)), key=lambda i: len(sources[i]))  # little padding
@@ -309,12 +303,10 @@ def check_greedy(graphs: Graphs, model: RNNSearch, sources: list[list[int]], lab
     threshold = "reported" if tol.greedy is None else f">= {tol.greedy:.1%}"
     for start in range(0, len(order), GREEDY_BATCH):
         src, lengths = pad([sources[i] for i in order[start:start + GREEDY_BATCH]])
-        t_lengths = torch.from_numpy(lengths)
-        ref = greedy(model, torch.from_numpy(src), t_lengths, max_len=GREEDY_MAX_LEN,
+        ref = greedy(model, torch.from_numpy(src), torch.from_numpy(lengths), max_len=GREEDY_MAX_LEN,
                      max_ratio=GREEDY_MAX_RATIO)
         try:
-            got = onnx_greedy(graphs, src, lengths,
-                              limits=greedy_limits(t_lengths, GREEDY_MAX_LEN, GREEDY_MAX_RATIO))
+            got = engine_greedy(engine, [sources[i] for i in order[start:start + GREEDY_BATCH]])
         except ORT_ERRORS as err:
             return Check(f"greedy parity ({label})", str(err).splitlines()[0][:100], threshold, False)
         identical += sum(r.tokens == g for r, g in zip(ref, got))
@@ -371,7 +363,8 @@ def verify_repository(repo: Path, *, checkpoint: Path | None = None, test_split:
     report.checks.extend(check_grid(graphs, model, manifest, precision, tol, rng))
     report.checks.append(check_padding(graphs, (cfg.src_vocab_size, cfg.tgt_vocab_size), tol, rng))
     sources, label = greedy_sources(manifest, test_split, max_sentences, cfg.src_vocab_size, rng)
-    report.checks.append(check_greedy(graphs, model, sources, label, tol))
+    engine = Engine(manifest, precision=precision, intra_op_threads=1)
+    report.checks.append(check_greedy(engine, model, sources, label, tol))
     return report
 
 
