@@ -12,8 +12,12 @@ weight is rewritten here into standard ONNX ops:
 - weights: int8, symmetric, one scale per output column, fixed at export;
 - activations: one scale per row (per vector along the last axis),
   ``max|x| / 127``, computed in the graph; uint8 around a zero point of 128;
-- ``MatMulInteger`` accumulates in int32, which is exact in any order, then
-  ``* weight_scale * row_scale (+ bias)``.
+- the int32 product (exact in any order) is scaled by the weight scales inside
+  ONNX Runtime's ``MatMulIntegerToFloat`` (``com.microsoft``; A's scale is the
+  constant 1), then ``* row_scale (+ bias)``: one pass over the output fewer
+  than ``MatMulInteger -> Cast -> Mul``, which matters for the (rows, vocab)
+  output layer (measured 4.94 -> 4.30 ms per step at 160 rows, 2 threads,
+  bit-identical results).
 
 A row's outputs depend only on that row: bit-identical alone or in any batch.
 Embedding tables become int8 with one scale per token. Left in fp32: the
@@ -21,10 +25,10 @@ encoder's GRU op, products with a computed right-hand side (the attention
 context) and matrix-vector products (attention ``v``: fewer than
 ``MIN_COLUMNS`` outputs, where quantizing costs more than it saves).
 
-The row scale is applied by its own ``Mul`` after the weight scale: ONNX
-Runtime fuses ``MatMulInteger -> Cast -> Mul(Mul(a_scale, b_scale))`` into
-``MatMulIntegerToFloat``, which takes ``a_scale`` for one per-tensor scale and
-gives wrong results with a per-row one (measured).
+The row scale is applied by its own ``Mul``, never as ``MatMulIntegerToFloat``'s
+``a_scale``: that input is one per-tensor scale, and ONNX Runtime gives wrong
+results when it is given a per-row one (measured, through its fusion of
+``MatMulInteger -> Cast -> Mul(Mul(a_scale, b_scale))``).
 """
 
 from __future__ import annotations
@@ -43,6 +47,7 @@ TINY = 1e-30  # scale floor: an all-zero row (padding) quantizes to zeros, not N
 MIN_COLUMNS = 8
 REDUCE_AXES_AS_INPUT = 18  # opset from which ReduceMax takes its axes as an input
 PREFIX = "int8/"  # names of everything added here
+CONTRIB_DOMAIN = "com.microsoft"  # ONNX Runtime's operators (MatMulIntegerToFloat)
 CONSTANTS = {"qmax": (QMAX, np.float32), "tiny": (TINY, np.float32), "one": (1.0, np.float32),
              "zero_point": (ZERO_POINT, np.uint8), "last_axis": ([-1], np.int64)}
 
@@ -75,6 +80,8 @@ def quantize_model(model: onnx.ModelProto) -> onnx.ModelProto:
             nodes.append(node)
     del graph.node[:]
     graph.node.extend(nodes)
+    if not any(o.domain == CONTRIB_DOMAIN for o in model.opset_import):
+        model.opset_import.append(helper.make_opsetid(CONTRIB_DOMAIN, 1))
     used = {name for n in nodes for name in n.input}
     kept = [t for t in [*graph.initializer, *added] if t.name in used]
     del graph.initializer[:]
@@ -142,9 +149,9 @@ def matmul_nodes(node: NodeProto, weight: np.ndarray, bias: str | None, row: tup
     added += [numpy_helper.from_array(quantized, p + "weight"),
               numpy_helper.from_array(scale.reshape(-1), p + "weight_scale")]
     scaled = p + "row_scaled" if bias else out
-    nodes = [helper.make_node("MatMulInteger", [row[0], p + "weight", PREFIX + "zero_point"], [p + "int32"]),
-             helper.make_node("Cast", [p + "int32"], [p + "float"], to=TensorProto.FLOAT),
-             helper.make_node("Mul", [p + "float", p + "weight_scale"], [p + "column_scaled"]),
+    nodes = [helper.make_node("MatMulIntegerToFloat",  # int32 product * 1 * weight_scale, as float
+                              [row[0], p + "weight", PREFIX + "one", p + "weight_scale", PREFIX + "zero_point"],
+                              [p + "column_scaled"], domain=CONTRIB_DOMAIN),
              helper.make_node("Mul", [p + "column_scaled", row[1]], [scaled])]
     if bias:
         nodes.append(helper.make_node("Add", [scaled, bias], [out]))

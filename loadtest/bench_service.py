@@ -65,11 +65,21 @@ def percentiles(latencies: list[float]) -> dict[str, float]:
     return {"p50_ms": q[49] * 1000, "p95_ms": q[94] * 1000, "p99_ms": q[98] * 1000}
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of process ``pid`` so far (Linux /proc; NaN elsewhere)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return float("nan")
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
+
+
 def engine_baseline(args: argparse.Namespace, texts: list[str], short: list[str]) -> dict:
     from service.engine import Engine
 
     engine = Engine(Path(args.model_repository), precision=args.precision, provider="cpu",
-                    intra_op_threads=args.threads or None, limits=Limits())
+                    intra_op_threads=args.threads or None, limits=Limits(),
+                    decoder_spinning=args.decoder_spinning == "on")
     options = DecodingOptions()
     engine.translate(short[:4], options)  # warm-up
     single = []
@@ -92,7 +102,8 @@ class Server:
         cmd = [sys.executable, "-m", "service.cli", "serve", "--model-repository", args.model_repository,
                "--host", "127.0.0.1", "--port", "0", "--metrics-port", "0", "--batching", batching,
                "--precision", args.precision, "--max-rows", str(args.max_rows),
-               "--threads", str(args.threads)]
+               "--threads", str(args.threads), "--decoder-spinning", args.decoder_spinning,
+               *(["--max-wait-ms", str(args.max_wait_ms)] if args.max_wait_ms is not None else [])]
         self.proc = subprocess.Popen(cmd, cwd=ROOT, stderr=subprocess.PIPE, text=True,
                                      env={**os.environ, "PYTHONUNBUFFERED": "1"})
         deadline = time.monotonic() + STARTUP_SECONDS
@@ -142,11 +153,11 @@ async def closed_loop(address: str, texts: list[str], *, concurrency: int, durat
                     latencies.append(time.perf_counter() - start)
                 except grpc.aio.AioRpcError:
                     errors += 1
-        begin = time.perf_counter()
+        begin, cpu = time.perf_counter(), time.process_time()
         await asyncio.gather(*(client(i) for i in range(concurrency)))
-        elapsed = time.perf_counter() - begin
+        elapsed, cpu = time.perf_counter() - begin, time.process_time() - cpu
     return {"concurrency": concurrency, "requests": len(latencies), "errors": errors,
-            "texts_per_s": len(latencies) / elapsed, **percentiles(latencies)}
+            "texts_per_s": len(latencies) / elapsed, "client_cpus": cpu / elapsed, **percentiles(latencies)}
 
 
 async def open_loop(address: str, short: list[str], long: list[str], *, rate: float,
@@ -193,14 +204,18 @@ def run(args: argparse.Namespace) -> dict:
     texts = load_texts(args)
     short, long = mixed_texts(texts, args.long_factor)
     result = {"model_repository": args.model_repository, "precision": args.precision,
-              "threads": args.threads,
+              "threads": args.threads, "decoder_spinning": args.decoder_spinning,
               "machine": f"{platform.machine()}, {os.cpu_count()} CPUs", "duration_s": args.duration,
               "engine": engine_baseline(args, texts, short)}
     server = Server(args, "step")
     try:
         result["idle_ms"] = asyncio.run(idle_latency(server.address, short[:50]))
-        result["sweep"] = [asyncio.run(closed_loop(server.address, texts, concurrency=c,
-                                                   duration=args.duration)) for c in args.concurrency]
+        result["sweep"] = []
+        for c in args.concurrency:
+            server_cpu, start = cpu_seconds(server.proc.pid), time.perf_counter()
+            point = asyncio.run(closed_loop(server.address, texts, concurrency=c, duration=args.duration))
+            point["server_cpus"] = (cpu_seconds(server.proc.pid) - server_cpu) / (time.perf_counter() - start)
+            result["sweep"].append(point)
         capacity = asyncio.run(closed_loop(server.address, short * 4 + long, concurrency=32,
                                            duration=args.duration))["texts_per_s"]
         rate = args.mixed_load * capacity
@@ -225,10 +240,13 @@ def markdown(r: dict) -> str:
              f"Engine alone: one short text {e['single_text_ms']:.1f} ms (median; the service: "
              f"{idle:.1f} ms for the same texts one at a time); batched "
              f"{e['batched_texts_per_s']:.0f} texts/s ({e['batch_texts']} texts per call).", "",
-             "| concurrency | requests | errors | texts/s | p50 ms | p95 ms | p99 ms |",
-             "|---:|---:|---:|---:|---:|---:|---:|"]
+             "CPU columns: cores busy on average in the server process and in this load generator "
+             f"(the machine has {os.cpu_count()}).", "",
+             "| concurrency | requests | errors | texts/s | p50 ms | p95 ms | p99 ms | server CPUs | client CPUs |",
+             "|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     lines += [f"| {s['concurrency']} | {s['requests']} | {s['errors']} | {s['texts_per_s']:.0f} | "
-              f"{s['p50_ms']:.1f} | {s['p95_ms']:.1f} | {s['p99_ms']:.1f} |" for s in r["sweep"]]
+              f"{s['p50_ms']:.1f} | {s['p95_ms']:.1f} | {s['p99_ms']:.1f} | {s['server_cpus']:.2f} | "
+              f"{s['client_cpus']:.2f} |" for s in r["sweep"]]
     lines += ["", f"Saturated service / engine batched throughput: "
               f"{best / e['batched_texts_per_s']:.2f}; idle latency / engine: "
               f"{idle / e['single_text_ms']:.2f}.", "",
@@ -255,6 +273,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--concurrency", type=lambda s: [int(x) for x in s.split(",")], default=[1, 8, 32, 128])
     p.add_argument("--max-rows", type=int, default=128)
     p.add_argument("--threads", type=int, default=0, help="ONNX Runtime intra-op threads (0 = default)")
+    p.add_argument("--decoder-spinning", choices=("on", "off"), default="on",
+                   help="as nmt serve's flag, for the engine baseline too")
+    p.add_argument("--max-wait-ms", type=float, help="nmt serve --max-wait-ms (default: its default)")
     p.add_argument("--long-factor", type=int, default=4, help="texts joined into one long text")
     p.add_argument("--mixed-load", type=float, default=0.6, help="offered load / measured capacity")
     p.add_argument("--quick", action="store_true", help="2 s measurements (a smoke run)")

@@ -27,6 +27,8 @@ from service.tokenizer import Tokenizer
 _NO_ROWS = np.zeros(0, dtype=np.int64)
 PAD_COLUMNS = 1  # masked source columns every row gets (see _width)
 WIDTH_SLACK = 1.25  # keep up to 25% unneeded columns rather than copy the context to trim them
+MAX_MOVED_SHARE = 0.5  # above this share of rows moving, build a fresh context instead
+GROWTH, MIN_CAPACITY = 2, 16  # a new context allocation has room for this many times its rows
 
 
 @dataclass
@@ -57,6 +59,7 @@ class Batch:
         self._prev = np.zeros(0, dtype=np.int64)  # (rows,)
         self._state: Any = None  # (rows, dec_hidden_size), where the provider keeps it
         self._annotations = self._keys = self._mask = None  # host copies, (rows, src_len, ...)
+        self._backing: tuple[np.ndarray, ...] = ()  # the arrays they are the first rows of
         self._context: Any = None
 
     # -- the DecodeBatch interface ------------------------------------------------------
@@ -92,14 +95,25 @@ class Batch:
             width = max(width, self._mask.shape[1])
         new = (encoded.annotations[expand], encoded.keys[expand],
                _source_mask([t.src_len for t in texts], encoded.annotations.shape[1])[expand])
-        old = (self._annotations, self._keys, self._mask) if self._texts else (None, None, None)
-        rows = tuple(_stacked([a, b] if a is not None else [b], width) for a, b in zip(old, new))
+        start, end = self.live_rows, self.live_rows + len(expand)
+        if self._texts and width == self._mask.shape[1] and end <= len(self._backing[0]):
+            backing = self._backing  # room after the live rows: the kept rows are not copied
+        else:  # a wider source or no room: a new allocation, with room for texts joining later
+            backing = tuple(np.zeros((max(end * GROWTH, MIN_CAPACITY), width, *b.shape[2:]), dtype=b.dtype)
+                            for b in new)
+            if self._texts:
+                for target, rows in zip(backing, (self._annotations, self._keys, self._mask)):
+                    target[:start, : rows.shape[1]] = rows
+        for target, rows in zip(backing, new):  # zero-padded (mask: False) to the batch's width
+            target[start:end, : rows.shape[1]] = rows
+            target[start:end, rows.shape[1]:] = 0
         state = encoded.init_state[expand]
         if self._texts:
             state = np.concatenate([self._runtime.host_state(self._state), state])
-        self._annotations, self._keys, self._mask = rows
+        self._backing = backing
+        self._annotations, self._keys, self._mask = (b[:end] for b in backing)
         self._state = self._runtime.state(state)
-        self._context = self._runtime.context(*rows)
+        self._context = self._runtime.context(self._annotations, self._keys, self._mask)
         self._prev = np.concatenate([self._prev, *(t.search.prev_tokens for t in texts)])
         self._texts.extend(texts)
 
@@ -113,13 +127,15 @@ class Batch:
         next_rows: list[np.ndarray] = [_NO_ROWS] * len(self._texts)  # per text: rows of this step
         for beam, members in _by_beam_size(self._texts).items():
             self._choose(beam, members, offsets, out, next_rows)
-        row_index = np.concatenate(next_rows)  # (next_rows,) the row of this step each next row continues
         done = [t for t in self._texts if t.search.done]
+        order = _compact_order(np.diff(offsets).tolist(), [not t.search.done for t in self._texts])
+        row_index = np.concatenate([_NO_ROWS] + [next_rows[i] for i in order])  # (next_rows,) the
+        # row of this step each next row continues
         relayout = bool(done) or len(row_index) != offsets[-1]
         if relayout:  # a text's rows share one context: keep the first rows of each live text's block
             context_index = np.concatenate([_NO_ROWS] + [
-                np.arange(offsets[i], offsets[i] + len(rows)) for i, rows in enumerate(next_rows) if len(rows)])
-        self._texts = [t for t in self._texts if not t.search.done]
+                np.arange(offsets[i], offsets[i] + len(next_rows[i])) for i in order])
+        self._texts = [self._texts[i] for i in order]
         self._prev = (np.concatenate([t.search.prev_tokens for t in self._texts]) if self._texts
                       else _NO_ROWS)
         self._state = self._runtime.gather_state(out.next_state, row_index)
@@ -153,16 +169,14 @@ class Batch:
     def remove(self, keys: Sequence[Hashable]) -> None:
         """Drop the rows of these texts (unknown keys are ignored)."""
         drop = set(keys)
-        offset, index, kept = 0, [], []
-        for text in self._texts:
-            if text.key not in drop:
-                index.append(np.arange(offset, offset + text.search.rows))
-                kept.append(text)
-            offset += text.search.rows
-        if len(kept) == len(self._texts):
+        keep = [t.key not in drop for t in self._texts]
+        if all(keep):
             return
-        row_index = np.concatenate(index) if index else np.zeros(0, dtype=np.int64)
-        self._texts = kept
+        sizes = [t.search.rows for t in self._texts]
+        offsets = np.cumsum([0, *sizes])
+        order = _compact_order(sizes, keep)
+        row_index = np.concatenate([_NO_ROWS] + [np.arange(offsets[i], offsets[i + 1]) for i in order])
+        self._texts = [self._texts[i] for i in order]
         self._prev = self._prev[row_index]
         self._state = self._runtime.gather_state(self._state, row_index)
         self._relayout(row_index)
@@ -196,18 +210,22 @@ class Batch:
         live, trimmed to the longest source."""
         if not self._texts:
             self._annotations = self._keys = self._mask = self._context = None
-            self._state, self._prev = None, _NO_ROWS
+            self._state, self._prev, self._backing = None, _NO_ROWS, ()
             return
         width, current = _width(self._texts), self._mask.shape[1]
-        if width * WIDTH_SLACK >= current and np.array_equal(row_index, np.arange(len(row_index))):
-            # the leavers were the last rows (the batch keeps long sources first): a view, no copy;
-            # extra masked columns do not change any row's result (see _width)
+        n = len(row_index)
+        moved = np.flatnonzero(row_index != np.arange(n)) if n <= len(self._mask) else None
+        if width * WIDTH_SLACK >= current and moved is not None and len(moved) <= n * MAX_MOVED_SHARE:
+            # rows stay where they are and a few move into the leavers' places (``_compact_order``),
+            # in place (the right side is gathered before it is written); then a view of the first
+            # rows. Extra masked columns do not change any row's result (see _width).
+            for a in (self._annotations, self._keys, self._mask):
+                a[moved] = a[row_index[moved]]
             self._annotations, self._keys, self._mask = (
-                a[: len(row_index)] for a in (self._annotations, self._keys, self._mask))
-        else:
-            self._annotations = self._annotations[row_index, :width]  # (rows, src_len, ctx_size)
-            self._keys = self._keys[row_index, :width]  # (rows, src_len, attn_size)
-            self._mask = self._mask[row_index, :width]  # (rows, src_len)
+                a[:n] for a in (self._annotations, self._keys, self._mask))
+        else:  # (rows, src_len, ctx_size), (rows, src_len, attn_size), (rows, src_len)
+            self._backing = tuple(a[row_index, :width] for a in (self._annotations, self._keys, self._mask))
+            self._annotations, self._keys, self._mask = self._backing
         self._context = self._runtime.context(self._annotations, self._keys, self._mask)
 
     def _translation(self, text: _Text) -> Translation:
@@ -249,6 +267,31 @@ def _source_mask(lengths: list[int], width: int) -> np.ndarray:
     return np.arange(width)[None, :] < np.array(lengths)[:, None]  # (batch, src_len) bool
 
 
+def _compact_order(sizes: Sequence[int], keep: Sequence[bool]) -> list[int]:
+    """The kept blocks (a text's rows; ``sizes`` rows each, in row order) in the order of a new
+    layout that moves as few rows as possible.
+
+    Blocks that lie inside the new layout (its first ``sum of kept sizes`` rows)
+    stay; each kept block past its end moves into a dropped block of the same
+    size inside it. When that cannot tile the new layout exactly, the kept
+    blocks keep their relative order (everything after a leaver moves up).
+    """
+    kept = [i for i, k in enumerate(keep) if k]
+    offsets = np.cumsum([0, *sizes]).tolist()
+    n = sum(sizes[i] for i in kept)
+    position = {i: offsets[i] for i in kept if offsets[i + 1] <= n}
+    holes = [i for i, k in enumerate(keep) if not k and offsets[i + 1] <= n and sizes[i]]
+    for i in kept:
+        if i in position:
+            continue
+        hole = next((h for h in holes if sizes[h] == sizes[i]), None) if offsets[i] >= n else None
+        if hole is None:
+            return kept
+        holes.remove(hole)
+        position[i] = offsets[hole]
+    return sorted(position, key=position.__getitem__)
+
+
 def _width(texts: list[_Text]) -> int:
     """The rows' src_len: the longest source plus ``PAD_COLUMNS`` masked columns.
 
@@ -258,13 +301,3 @@ def _width(texts: list[_Text]) -> int:
     bit. So a text decodes to the same bits alone or in any batch.
     """
     return max(t.src_len for t in texts) + PAD_COLUMNS
-
-
-def _stacked(parts: list[np.ndarray], width: int) -> np.ndarray:
-    """Row-concatenate (rows, src_len, ...) arrays, zero-padded (mask: False) to ``width`` columns."""
-    out = np.zeros((sum(len(p) for p in parts), width, *parts[0].shape[2:]), dtype=parts[0].dtype)
-    start = 0
-    for p in parts:
-        out[start:start + len(p), : p.shape[1]] = p
-        start += len(p)
-    return out

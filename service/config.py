@@ -35,6 +35,7 @@ class ServeConfig:
     precision: str  # graph variant: "fp32" or "int8"
     provider: str  # ONNX Runtime provider: "cpu" or "cuda"
     threads: int  # ONNX Runtime intra-op threads (0 = its default)
+    decoder_spinning: bool  # decoder-step thread pool spins between operators (see service.runtime)
     scheduler: SchedulerConfig  # batching budgets and admission control
     limits: Limits  # per-request limits
     max_message_bytes: int  # largest request accepted (gRPC answers RESOURCE_EXHAUSTED)
@@ -101,6 +102,8 @@ FLAGS: list[tuple[str, Callable[[str], object], object, str]] = [
     ("--precision", _choice("fp32", "int8"), "fp32", "graph precision"),
     ("--provider", _choice("cpu", "cuda"), "cpu", "ONNX Runtime execution provider"),
     ("--threads", _int_at_least(0), 0, "ONNX Runtime intra-op threads (0 = its default)"),
+    ("--decoder-spinning", _choice("on", "off"), "on",
+     "decoder-step pool threads spin between operators (faster steps; off frees CPU between steps)"),
     ("--max-rows", _int_at_least(1), _DEFAULTS.max_rows, "decoder rows per step"),
     ("--max-tokens", _int_at_least(1), _DEFAULTS.max_tokens,
      "rows x padded source length of the running batch"),
@@ -139,6 +142,7 @@ def parse(argv: list[str], env: Mapping[str, str] | None = None) -> ServeConfig:
         model_repository=Path(args.model_repository), default_model=args.default_model,
         host=args.host, port=args.port, metrics_port=args.metrics_port,
         precision=args.precision, provider=args.provider, threads=args.threads,
+        decoder_spinning=args.decoder_spinning == "on",
         scheduler=SchedulerConfig(max_rows=args.max_rows, max_tokens=args.max_tokens,
                                   max_wait=args.max_wait_ms / 1000,
                                   max_queued_work=args.max_queued_work,

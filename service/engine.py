@@ -30,7 +30,7 @@ class Engine:
 
     def __init__(self, manifest_or_path: Manifest | str | Path, *, precision: str = "fp32",
                  provider: str = "cpu", intra_op_threads: int | None = None,
-                 limits: Limits = Limits()) -> None:
+                 limits: Limits = Limits(), decoder_spinning: bool = True) -> None:
         if precision not in PRECISIONS:
             raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
         if provider not in PROVIDERS:
@@ -43,7 +43,7 @@ class Engine:
         self.vocab_size = int(manifest.model_config.get("tgt_vocab_size",
                                                         self.tokenizer.target.get_piece_size()))
         self.runtime = Runtime(manifest, precision=precision, provider=provider,
-                               intra_op_threads=intra_op_threads)
+                               intra_op_threads=intra_op_threads, decoder_spinning=decoder_spinning)
         self.max_source_tokens = min(limits.max_source_tokens, manifest.max_source_tokens)
 
     def prepare(self, text: str, options: DecodingOptions, index: int) -> Prepared:

@@ -54,7 +54,7 @@ class Context:
     src_mask: Any  # (rows, src_len) bool
 
 
-def _session_options(intra_op_threads: int | None) -> ort.SessionOptions:
+def _session_options(intra_op_threads: int | None, *, spinning: bool = False) -> ort.SessionOptions:
     opts = ort.SessionOptions()
     if intra_op_threads is not None:
         if intra_op_threads < 1:
@@ -64,10 +64,13 @@ def _session_options(intra_op_threads: int | None) -> ort.SessionOptions:
     opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
     opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     opts.log_severity_level = 3  # errors only
-    # idle pool threads sleep instead of spinning: between steps the search runs in Python, and
-    # the encoder's pool would otherwise spin against the decoder's (measured on 2 cores, 2
-    # threads: 64 sentences greedy 0.235 s spinning, 0.170 s not; beam 5 0.576 s vs 0.531 s)
-    opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    # Spinning pool threads wait for the next operator without sleeping. The decoder step is a
+    # chain of ~40 small operators run every few milliseconds, so its pool spins by default;
+    # the encoder runs rarely and its spinning pool would compete with the decoder's. Measured
+    # (2 cores, 2 threads, 256 test sentences in batches of 32, `loadtest/bench_engine.py`
+    # setup): both spinning 0.78 s greedy fp32, neither 0.62 s, decoder only 0.55 s; int8
+    # 0.61 / 0.49 / 0.41 s; beam 5 int8 1.42 / 1.41 / 1.20 s.
+    opts.add_session_config_entry("session.intra_op.allow_spinning", "1" if spinning else "0")
     return opts
 
 
@@ -101,18 +104,18 @@ class Runtime:
     """The encoder and decoder-step sessions of one precision on one provider."""
 
     def __init__(self, manifest: Manifest, *, precision: str, provider: str,
-                 intra_op_threads: int | None) -> None:
+                 intra_op_threads: int | None, decoder_spinning: bool = True) -> None:
         if precision not in manifest.graphs:
             raise ModelRepositoryError(f"{manifest.root}: no {precision!r} graphs "
                                        f"(the manifest has {sorted(manifest.graphs)})")
         providers = _check_provider(provider)
-        options = _session_options(intra_op_threads)
         graphs = manifest.graphs[precision]
         self.provider = provider
-        self.encoder = _load_session(str(manifest.path(graphs.encoder)), options, providers,
-                                     ENCODER_INPUTS, ENCODER_OUTPUTS)
-        self.decoder = _load_session(str(manifest.path(graphs.decoder_step)), options, providers,
-                                     DECODER_INPUTS, DECODER_OUTPUTS)
+        self.encoder = _load_session(str(manifest.path(graphs.encoder)), _session_options(intra_op_threads),
+                                     providers, ENCODER_INPUTS, ENCODER_OUTPUTS)
+        self.decoder = _load_session(str(manifest.path(graphs.decoder_step)),
+                                     _session_options(intra_op_threads, spinning=decoder_spinning),
+                                     providers, DECODER_INPUTS, DECODER_OUTPUTS)
         if provider == "cuda" and PROVIDERS["cuda"] not in self.decoder.get_providers():
             raise ProviderUnavailableError(
                 "provider 'cuda' requested but ONNX Runtime could not start it "

@@ -80,7 +80,8 @@ def load_engines(config: ServeConfig) -> list[Engine]:
     from service.engine import Engine as OnnxEngine
 
     return [OnnxEngine(path, precision=config.precision, provider=config.provider,
-                       intra_op_threads=config.threads or None, limits=config.limits)
+                       intra_op_threads=config.threads or None, limits=config.limits,
+                       decoder_spinning=config.decoder_spinning)
             for path in find_repositories(config.model_repository)]
 
 

@@ -14,6 +14,7 @@ import pytest
 
 from conftest import TINY_SENTENCES
 from service import placeholders
+from service.batch import _compact_order
 from service.engine import Engine
 from service.errors import ErrorKind, ModelRepositoryError, NmtError
 from service.manifest import MANIFEST, checksums, write_manifest
@@ -128,6 +129,27 @@ def test_a_text_joins_after_a_longer_one_left(engine: Engine) -> None:
         results.update(batch.step())
     assert outputs(results[0]) == outputs(engine.translate(["1 2 3 4 5 6 7 8"])[0])
     assert outputs(results[2]) == outputs(engine.translate(["4 5 6"])[0])
+
+
+@pytest.mark.parametrize("sizes, keep, order, moved", [
+    ([5, 5, 5, 5], [1, 0, 1, 1], [0, 3, 2], 5),  # the last block moves into the hole
+    ([1, 1, 1, 1], [0, 1, 1, 0], [2, 1], 1),  # greedy: one row moves, one stays
+    ([5, 1, 5], [0, 1, 1], [2, 1], 5),  # a same-sized hole is found past a smaller block
+    ([1, 5, 5], [0, 1, 1], [1, 2], 10),  # no same-sized hole: everything after it moves up
+    ([2, 3, 2, 3], [1, 0, 0, 1], [0, 3], 3),  # the 3-row block fills the 3-row hole
+    ([2, 2], [1, 1], [0, 1], 0),  # nobody leaves
+    ([2, 2], [0, 0], [], 0),  # everybody leaves
+    ([3, 3, 3], [1, 1, 0], [0, 1], 0),  # the last leaves: nothing moves
+])
+def test_compact_order_moves_few_rows(sizes: list[int], keep: list[int], order: list[int],
+                                      moved: int) -> None:
+    """Blocks leaving the batch are filled by blocks from its end, never reordering the rest."""
+    got = _compact_order(sizes, [bool(k) for k in keep])
+    assert got == order
+    assert sorted(got) == [i for i, k in enumerate(keep) if k]  # every kept block, once
+    offsets = np.cumsum([0, *sizes])
+    index = np.concatenate([np.arange(offsets[i], offsets[i + 1]) for i in got] or [np.zeros(0, int)])
+    assert np.count_nonzero(index != np.arange(len(index))) == moved  # rows copied to a new place
 
 
 def test_removing_a_text_frees_its_rows(engine: Engine, test_sources: list[str], alone: list) -> None:

@@ -57,7 +57,7 @@ def test_export_writes_the_contract(tiny_repository: Path) -> None:
     dims = {i.name: [d.dim_param for d in i.type.tensor_type.shape.dim] for i in encoder.graph.input}
     assert dims == {"src_ids": ["batch", "src_len"], "src_lengths": ["batch"]}
     ops = {n.op_type for n in onnx.load(str(tiny_repository / "decoder_step.int8.onnx")).graph.node}
-    assert "MatMulInteger" in ops and "GRU" not in ops and "DynamicQuantizeLinear" not in ops
+    assert "MatMulIntegerToFloat" in ops and "GRU" not in ops and "DynamicQuantizeLinear" not in ops
     assert raw["graphs"]["int8"]["scheme"] == quantize.SCHEME and "scheme" not in raw["graphs"]["fp32"]
     assert int8["padding_max_abs_diff"] == 0.0  # rows are quantized independently
 
@@ -99,7 +99,7 @@ def test_quantized_products_are_close_and_row_independent(opset: int) -> None:
          ((w_gemm, "w_gemm"), (b_gemm, "b_gemm"), (w_mm, "w_mm"), (w_vec, "w_vec"))])
     model = quantize.quantize_model(helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)]))
     onnx.checker.check_model(model, full_check=True)
-    assert [n.op_type for n in model.graph.node].count("MatMulInteger") == 2
+    assert [n.op_type for n in model.graph.node].count("MatMulIntegerToFloat") == 2
     assert model.graph.node[-1].op_type == "MatMul" and "w_vec" in model.graph.node[-1].input
     session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
     x = rng.normal(size=(6, 16)).astype(np.float32)
