@@ -9,6 +9,7 @@ typo in a deployment must not become a silently ignored setting.
 from __future__ import annotations
 
 import argparse
+import difflib
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,6 +41,7 @@ class ServeConfig:
     limits: Limits  # per-request limits
     max_message_bytes: int  # largest request accepted (gRPC answers RESOURCE_EXHAUSTED)
     grace_period: float  # seconds in-flight calls get to finish after SIGTERM
+    max_connection_age: float  # seconds before a client connection is asked to reconnect (0 = never)
     log_level: str  # debug logs one line per request
 
 
@@ -117,6 +119,9 @@ FLAGS: list[tuple[str, Callable[[str], object], object, str]] = [
     ("--max-text-chars", _int_at_least(1), _LIMITS.max_text_chars, "characters per text"),
     ("--max-message-bytes", _int_at_least(1024), 1 << 20, "largest request message"),
     ("--grace-period", _seconds, 10.0, "seconds in-flight calls get to finish on SIGTERM"),
+    ("--max-connection-age", _seconds, 0.0,
+     "seconds after which a client connection gets GOAWAY and reconnects, so that clients spread "
+     "over new replicas; its calls get --grace-period to finish (0 = never)"),
     ("--log-level", _choice(*LOG_LEVELS), "info", "debug logs one line per request"),
 ]
 
@@ -125,9 +130,26 @@ def env_name(flag: str) -> str:
     return "NMT_" + flag.lstrip("-").replace("-", "_").upper()
 
 
+OTHER_VARIABLES = ("NMT_SERVER", "NMT_LOCUST_", "NMT_SMOKE_")
+"""``NMT_*`` variables (or prefixes) read by the other tools of this project (``nmt translate``,
+the Locust and container-smoke scripts), not by ``nmt serve``."""
+
+
+def check_unknown(env: Mapping[str, str]) -> None:
+    """An ``NMT_*`` variable that is no setting (a typo such as ``NMT_PROT``) is an error."""
+    known = [env_name(flag) for flag, *_ in FLAGS]
+    for name in sorted(env):
+        if name.startswith("NMT_") and name not in known and not name.startswith(OTHER_VARIABLES):
+            close = difflib.get_close_matches(name[4:], [k[4:] for k in known], n=1)  # past "NMT_"
+            hint = f"did you mean NMT_{close[0]}? " if close else ""
+            raise ConfigError(f"{name}: not a setting of nmt serve ({hint}see nmt serve --help)")
+
+
 def parse(argv: list[str], env: Mapping[str, str] | None = None) -> ServeConfig:
-    """Flags over ``NMT_*`` variables over defaults; raises ConfigError on a bad variable."""
+    """Flags over ``NMT_*`` variables over defaults; raises ConfigError on a bad or unknown
+    variable."""
     env = os.environ if env is None else env
+    check_unknown(env)
     parser = argparse.ArgumentParser(prog="nmt serve", description="Run the gRPC translation server.")
     for flag, convert, default, help_ in FLAGS:
         name = env_name(flag)
@@ -150,4 +172,5 @@ def parse(argv: list[str], env: Mapping[str, str] | None = None) -> ServeConfig:
         limits=Limits(max_beam_size=args.max_beam, max_texts=args.max_texts,
                       max_text_chars=args.max_text_chars),
         max_message_bytes=args.max_message_bytes, grace_period=args.grace_period,
+        max_connection_age=args.max_connection_age,
         log_level=args.log_level)

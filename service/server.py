@@ -99,9 +99,12 @@ class App:
                                        f"loaded models {[m.ref for m in models]}")
         self.models = models
         self.health = health_aio.HealthServicer()
-        self.server = grpc.aio.server(options=[
-            ("grpc.max_receive_message_length", config.max_message_bytes),
-            ("grpc.so_reuseport", 0)])  # a busy port must fail, not be shared
+        options = [("grpc.max_receive_message_length", config.max_message_bytes),
+                   ("grpc.so_reuseport", 0)]  # a busy port must fail, not be shared
+        if config.max_connection_age > 0:  # GOAWAY after the age; calls in flight get the grace
+            options += [("grpc.max_connection_age_ms", int(config.max_connection_age * 1000)),
+                        ("grpc.max_connection_age_grace_ms", int(config.grace_period * 1000))]
+        self.server = grpc.aio.server(options=options)
         pb_grpc.add_TranslatorServicer_to_server(TranslatorServicer(self), self.server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         reflection.enable_server_reflection(

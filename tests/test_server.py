@@ -430,6 +430,35 @@ def test_flags_win_over_environment_over_defaults() -> None:
         parse([], env={"NMT_MAX_ROWS": "0"})
 
 
+def test_an_unknown_nmt_variable_is_an_error() -> None:
+    with pytest.raises(ConfigError, match=r"^NMT_PROT: not a setting of nmt serve \(did you mean NMT_PORT\?"):
+        parse([], env={"NMT_PROT": "8"})
+    with pytest.raises(ConfigError, match=r"^NMT_COLOUR: not a setting of nmt serve \(see nmt serve --help\)$"):
+        parse([], env={"NMT_COLOUR": "blue"})
+    other_tools = {"NMT_SERVER": "localhost:1", "NMT_LOCUST_WAIT": "0,0", "NMT_SMOKE_IMAGE": "x", "HOME": "/"}
+    assert parse([], env=other_tools).port == 50051
+
+
+def test_connections_are_recycled_after_max_connection_age(reversal_repository: Path) -> None:
+    """GOAWAY after --max-connection-age: the channel goes idle, and the next call reconnects."""
+    s = ServerThread(config_for(reversal_repository, "--max-connection-age", "0.3", "--grace-period", "1"))
+    try:
+        with grpc.insecure_channel(s.address) as channel:
+            states: list[grpc.ChannelConnectivity] = []
+            channel.subscribe(states.append)
+            stub = pb_grpc.TranslatorStub(channel)
+            assert stub.ListModels(pb.ListModelsRequest(), timeout=10).models
+            deadline = time.monotonic() + 10
+            while grpc.ChannelConnectivity.IDLE not in states[states.index(grpc.ChannelConnectivity.READY):] \
+                    and time.monotonic() < deadline:
+                time.sleep(0.05)
+            after_ready = states[states.index(grpc.ChannelConnectivity.READY):]
+            assert grpc.ChannelConnectivity.IDLE in after_ready  # the server closed the connection
+            assert stub.ListModels(pb.ListModelsRequest(), timeout=10).models  # a new one
+    finally:
+        s.stop()
+
+
 def test_bad_environment_or_repository_exits_at_once(monkeypatch, capsys, tmp_path: Path) -> None:
     monkeypatch.setenv("NMT_PORT", "http")
     assert main([]) == 2
