@@ -448,12 +448,16 @@ def test_connections_are_recycled_after_max_connection_age(reversal_repository: 
             channel.subscribe(states.append)
             stub = pb_grpc.TranslatorStub(channel)
             assert stub.ListModels(pb.ListModelsRequest(), timeout=10).models
+
+            def closed_after_ready() -> bool:  # callbacks arrive on another thread, in order
+                seen = list(states)
+                ready = grpc.ChannelConnectivity.READY
+                return ready in seen and grpc.ChannelConnectivity.IDLE in seen[seen.index(ready):]
+
             deadline = time.monotonic() + 10
-            while grpc.ChannelConnectivity.IDLE not in states[states.index(grpc.ChannelConnectivity.READY):] \
-                    and time.monotonic() < deadline:
+            while not closed_after_ready() and time.monotonic() < deadline:
                 time.sleep(0.05)
-            after_ready = states[states.index(grpc.ChannelConnectivity.READY):]
-            assert grpc.ChannelConnectivity.IDLE in after_ready  # the server closed the connection
+            assert closed_after_ready(), states  # the server closed the connection
             assert stub.ListModels(pb.ListModelsRequest(), timeout=10).models  # a new one
     finally:
         s.stop()
