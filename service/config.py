@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Callable, Mapping
 
 from service.options import Limits
-from service.scheduler import SchedulerConfig
+from service.admission import SchedulerConfig
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_MODEL_REPOSITORY = REPO_ROOT / "models" / "en-fr" / "1"

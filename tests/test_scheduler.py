@@ -13,7 +13,8 @@ from service.errors import ErrorKind, NmtError
 from service.interface import Hypothesis, Prepared, Translation
 from service.metrics import Metrics
 from service.options import DecodingOptions
-from service.scheduler import Partial, Scheduler, SchedulerConfig, SchedulerState
+from service.admission import SchedulerConfig, SchedulerState
+from service.scheduler import Partial, Scheduler
 
 
 def prep(steps: int = 3, *, length: int = 4, beam: int = 1) -> Prepared:

@@ -1,0 +1,188 @@
+"""Admission: which queued texts join the running batch, and when. Pure code.
+
+``SchedulerState`` is the "pure state" half of the scheduler (STYLE.md item 6):
+plain synchronous code with the clock passed in, no I/O and no engine, tested
+on its own (``tests/test_scheduler.py``). It keeps one queue for all clients
+(arrival order), the texts decoding, the estimated work (rows x steps) for
+admission control, and decides each cycle's removals and additions within
+the row and token budgets, preferring sources of the oldest text's length
+bucket. ``service.scheduler.Scheduler`` drives it from the event loop.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+from typing import Sequence
+
+from service.errors import ErrorKind, NmtError
+from service.interface import Prepared
+
+BUCKET_TOKENS = 8
+"""Sources whose lengths fall in the same 8-piece bucket are batched together first."""
+
+Key = tuple[int, int]  # (request id, text index)
+
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    """Batching budgets and admission control."""
+
+    max_rows: int = 128  # decoder rows per step
+    max_tokens: int = 8192  # rows x padded source length of the running batch
+    max_wait: float = 0.002  # seconds a queued text may wait for others to share its encoder run
+    max_queued_work: int = 200_000  # estimated rows x steps, queued or decoding
+    step_level: bool = True  # False: a new batch starts only when the running one is empty
+
+
+@dataclass
+class Entry:
+    """One text of a request, queued or decoding."""
+
+    key: Key
+    prepared: Prepared
+    arrived: float  # clock() when submitted
+    deadline: float | None  # clock() after which the request fails
+
+
+@dataclass(frozen=True)
+class Cycle:
+    """What the next engine cycle does, in this order."""
+
+    remove: tuple[Key, ...] = ()  # rows to drop (cancelled, deadline passed)
+    add: tuple[tuple[Key, Prepared], ...] = ()  # texts to encode, longest first
+    waited: tuple[float, ...] = ()  # queue wait of each added text, seconds
+
+
+class SchedulerState:
+    """Which texts decode next. Pure: no I/O, no engine, time passed in."""
+
+    def __init__(self, config: SchedulerConfig) -> None:
+        self.config = config
+        self.queue: list[Entry] = []  # arrival order
+        self.running: dict[Key, Entry] = {}
+        self.pending_removal: list[Key] = []
+        self.work = 0  # estimated rows x steps of queued and running texts
+
+    @property
+    def running_rows(self) -> int:
+        return sum(e.prepared.rows for e in self.running.values())
+
+    def submit(self, request_id: int, prepared: Sequence[Prepared], *, now: float,
+               deadline: float | None) -> None:
+        """Queue a request's texts, or raise RESOURCE_EXHAUSTED naming the limit."""
+        work = sum(p.work for p in prepared)
+        limit = self.config.max_queued_work
+        if self.work + work > limit:
+            raise NmtError(ErrorKind.RESOURCE_EXHAUSTED,
+                           f"server overloaded: queued work would be {self.work + work} "
+                           f"(estimated rows x steps; this request {work}), above the limit "
+                           f"max_queued_work={limit}; retry later")
+        self.work += work
+        self.queue += [Entry((request_id, i), p, now, deadline) for i, p in enumerate(prepared)]
+
+    def cancel(self, request_id: int) -> None:
+        """Drop the request's queued texts; its decoding rows leave at the next cycle."""
+        for e in [e for e in self.queue if e.key[0] == request_id]:
+            self.queue.remove(e)
+            self.work -= e.prepared.work
+        for key in [k for k in self.running if k[0] == request_id]:
+            self.work -= self.running.pop(key).prepared.work
+            self.pending_removal.append(key)
+
+    def finish(self, key: Key) -> None:
+        """A text finished decoding (its rows already left the batch)."""
+        entry = self.running.pop(key, None)
+        if entry is not None:
+            self.work -= entry.prepared.work
+        elif key in self.pending_removal:  # cancelled during the step that finished it
+            self.pending_removal.remove(key)
+
+    def expired(self, now: float) -> list[int]:
+        """Requests whose deadline passed; the caller fails them and calls cancel()."""
+        entries = itertools.chain(self.queue, self.running.values())
+        return sorted({e.key[0] for e in entries if e.deadline is not None and now >= e.deadline})
+
+    def next_decision(self) -> float | None:
+        """The first time ``take``/``expired`` may decide differently with no new event:
+        a deadline, or the end of the oldest queued text's wait."""
+        times = [e.deadline for e in itertools.chain(self.queue, self.running.values())
+                 if e.deadline is not None]
+        if self.queue:
+            times.append(self.queue[0].arrived + self.config.max_wait)
+        return min(times, default=None)
+
+    def reset(self) -> list[int]:
+        """Forget the running batch (the engine failed); the requests it held."""
+        lost = sorted({k[0] for k in self.running})
+        for request_id in lost:
+            self.cancel(request_id)
+        self.pending_removal.clear()
+        return lost
+
+    def next_wake(self, now: float) -> float | None:
+        """When the background task must look again if nothing new arrives (None: idle)."""
+        if self.running or self.pending_removal:
+            return now
+        if not self.queue:
+            return None
+        if self.config.step_level or sum(e.prepared.rows for e in self.queue) >= self.config.max_rows:
+            return now
+        times = [self.queue[0].arrived + self.config.max_wait]
+        times += [e.deadline for e in self.queue if e.deadline is not None]
+        return min(times)
+
+    def take(self, now: float) -> Cycle:
+        """The next cycle: pending removals, and the queued texts that join now."""
+        remove, self.pending_removal = tuple(self.pending_removal), []
+        chosen = self._choose(now)
+        for e in chosen:
+            self.queue.remove(e)
+            self.running[e.key] = e
+        chosen.sort(key=lambda e: -len(e.prepared.source_ids))
+        return Cycle(remove=remove, add=tuple((e.key, e.prepared) for e in chosen),
+                     waited=tuple(now - e.arrived for e in chosen))
+
+    def _choose(self, now: float) -> list[Entry]:
+        if not self.queue or (self.running and not self.config.step_level):
+            return []
+        idle, rows = not self.running, self.running_rows
+        if self._should_wait(now, idle=idle, free_rows=self.config.max_rows - rows):
+            return []
+        if rows >= self.config.max_rows:
+            return []
+        head = self.queue[0]
+        longest = max((len(e.prepared.source_ids) for e in self.running.values()), default=0)
+        chosen: list[Entry] = []
+        for e in self._by_bucket(head):
+            length = len(e.prepared.source_ids)
+            new_rows, new_longest = rows + e.prepared.rows, max(longest, length)
+            fits = new_rows <= self.config.max_rows and new_rows * new_longest <= self.config.max_tokens
+            if not fits and not (idle and not chosen):  # the first text of a batch always fits
+                if e is head:
+                    break  # keep the budget for the oldest text rather than starve it
+                continue
+            chosen.append(e)
+            rows, longest = new_rows, new_longest
+        return chosen
+
+    def _should_wait(self, now: float, *, idle: bool, free_rows: int) -> bool:
+        """Wait up to max_wait for more texts, unless the queued ones fill the free rows.
+
+        Request-level: fills a new batch. Step-level: texts that arrive while the
+        batch runs share one encoder run; an idle batch starts at once, since
+        what arrives next joins it at the next step anyway.
+        """
+        if idle and self.config.step_level:
+            return False
+        queued_rows = sum(e.prepared.rows for e in self.queue)
+        return queued_rows < free_rows and now < self.queue[0].arrived + self.config.max_wait
+
+    def _by_bucket(self, head: Entry) -> list[Entry]:
+        """Oldest first, then by distance of length bucket to the oldest's, then arrival."""
+        bucket = len(head.prepared.source_ids) // BUCKET_TOKENS
+        order = {id(e): i for i, e in enumerate(self.queue)}
+        rest = sorted(self.queue[1:], key=lambda e: (
+            abs(len(e.prepared.source_ids) // BUCKET_TOKENS - bucket), order[id(e)]))
+        return [head, *rest]
