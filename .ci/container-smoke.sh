@@ -143,4 +143,5 @@ expect_refusal() {  # name, then docker run arguments
 expect_refusal "missing model directory" -e NMT_MODEL_REPOSITORY=/opt/nmt/absent -e NMT_PORT="$(free_port)" -e NMT_METRICS_PORT="$(free_port)"
 expect_refusal "bad NMT_PORT" -e NMT_PORT=not-a-port
 expect_refusal "bad NMT_MAX_ROWS" -e NMT_MAX_ROWS=0
+expect_refusal "unknown NMT_PROT (a typo)" -e NMT_PROT=50051
 log "PASS"
