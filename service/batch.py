@@ -6,6 +6,11 @@ the rows are then reordered (state: every step; the per-row context only when
 texts arrive or leave). Texts can join between steps (``add``: one encoder run,
 then every row is padded to the longest source) and leave at any time.
 
+The per-row context is the costly part to move (rows x src_len x 1,024
+floats). A text that leaves is replaced in place by a text from the end of
+the batch (``_compact_order``), so the other rows stay where they are, and
+the arrays keep room after the live rows for texts that join.
+
 Results do not depend on the batch: the graphs compute each row on its own
 (padding is masked), and each text's search only sees its own rows.
 """
@@ -93,27 +98,13 @@ class Batch:
         width = _width(self._texts + texts)
         if self._texts:  # after leavers the old rows may be a wider view (see _relayout): keep it
             width = max(width, self._mask.shape[1])
-        new = (encoded.annotations[expand], encoded.keys[expand],
-               _source_mask([t.src_len for t in texts], encoded.annotations.shape[1])[expand])
-        start, end = self.live_rows, self.live_rows + len(expand)
-        if self._texts and width == self._mask.shape[1] and end <= len(self._backing[0]):
-            backing = self._backing  # room after the live rows: the kept rows are not copied
-        else:  # a wider source or no room: a new allocation, with room for texts joining later
-            backing = tuple(np.zeros((max(end * GROWTH, MIN_CAPACITY), width, *b.shape[2:]), dtype=b.dtype)
-                            for b in new)
-            if self._texts:
-                for target, rows in zip(backing, (self._annotations, self._keys, self._mask)):
-                    target[:start, : rows.shape[1]] = rows
-        for target, rows in zip(backing, new):  # zero-padded (mask: False) to the batch's width
-            target[start:end, : rows.shape[1]] = rows
-            target[start:end, rows.shape[1]:] = 0
+        self._append_context((encoded.annotations[expand], encoded.keys[expand],
+                              _source_mask([t.src_len for t in texts], encoded.annotations.shape[1])[expand]),
+                             width)
         state = encoded.init_state[expand]
         if self._texts:
             state = np.concatenate([self._runtime.host_state(self._state), state])
-        self._backing = backing
-        self._annotations, self._keys, self._mask = (b[:end] for b in backing)
         self._state = self._runtime.state(state)
-        self._context = self._runtime.context(self._annotations, self._keys, self._mask)
         self._prev = np.concatenate([self._prev, *(t.search.prev_tokens for t in texts)])
         self._texts.extend(texts)
 
@@ -129,8 +120,8 @@ class Batch:
             self._choose(beam, members, offsets, out, next_rows)
         done = [t for t in self._texts if t.search.done]
         order = _compact_order(np.diff(offsets).tolist(), [not t.search.done for t in self._texts])
-        row_index = np.concatenate([_NO_ROWS] + [next_rows[i] for i in order])  # (next_rows,) the
-        # row of this step each next row continues
+        # (next_rows,): the row of this step each next row continues, live texts in their new order
+        row_index = np.concatenate([_NO_ROWS] + [next_rows[i] for i in order])
         relayout = bool(done) or len(row_index) != offsets[-1]
         if relayout:  # a text's rows share one context: keep the first rows of each live text's block
             context_index = np.concatenate([_NO_ROWS] + [
@@ -204,6 +195,25 @@ class Batch:
         for row, p in enumerate(prepared):
             src[row, : len(p.source_ids)] = p.source_ids  # (batch, src_len)
         return self._runtime.encode(src, lengths)
+
+    def _append_context(self, new: tuple[np.ndarray, ...], width: int) -> None:
+        """Append rows (annotations, keys, mask; (new_rows, src_len, ...)) after the live rows,
+        zero-padded (mask: False) to ``width`` columns."""
+        start, end = self.live_rows, self.live_rows + len(new[0])
+        if self._texts and width == self._mask.shape[1] and end <= len(self._backing[0]):
+            backing = self._backing  # room after the live rows: the kept rows are not copied
+        else:  # a wider source or no room: a new allocation, with room for texts joining later
+            backing = tuple(np.zeros((max(end * GROWTH, MIN_CAPACITY), width, *b.shape[2:]), dtype=b.dtype)
+                            for b in new)
+            if self._texts:
+                for target, rows in zip(backing, (self._annotations, self._keys, self._mask)):
+                    target[:start, : rows.shape[1]] = rows
+        for target, rows in zip(backing, new):
+            target[start:end, : rows.shape[1]] = rows
+            target[start:end, rows.shape[1]:] = 0
+        self._backing = backing
+        self._annotations, self._keys, self._mask = (b[:end] for b in backing)
+        self._context = self._runtime.context(self._annotations, self._keys, self._mask)
 
     def _relayout(self, row_index: np.ndarray) -> None:
         """Gather the per-row context (rows ``row_index`` of the old layout) for the rows now
