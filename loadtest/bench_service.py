@@ -7,8 +7,10 @@
 What it measures, in this order (one process at a time on the CPU):
 
 1. The engine alone, in this process: idle latency of one short text
-   (median), and batched throughput (texts/s translating ``--max-rows`` texts
-   per ``Engine.translate`` call): the ceiling the service is compared with.
+   (median); its batched throughput (texts/s translating ``--max-rows`` texts
+   per ``Engine.translate`` call), the ceiling the service is compared with, is
+   measured in ``--rounds`` rounds, each followed by the service at the
+   highest concurrency (the ratio: median of the rounds).
 2. ``nmt serve --batching step`` in a subprocess: closed-loop clients (each
    sends its next one-text request when the previous one is answered) at
    concurrency 1, 8, 32, 128; throughput and p50/p95/p99 latency.
@@ -40,6 +42,7 @@ import grpc
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from service.engine import Engine  # noqa: E402
 from service.options import DecodingOptions, Limits  # noqa: E402
 from service.proto.nmt.v1 import translation_pb2 as pb  # noqa: E402
 from service.proto.nmt.v1 import translation_pb2_grpc as pb_grpc  # noqa: E402
@@ -74,9 +77,8 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
 
 
-def engine_baseline(args: argparse.Namespace, texts: list[str], short: list[str]) -> dict:
-    from service.engine import Engine
-
+def engine_baseline(args: argparse.Namespace, short: list[str]) -> tuple[Engine, dict]:
+    """The engine in this process, and its idle latency for one short text (median)."""
     engine = Engine(Path(args.model_repository), precision=args.precision, provider="cpu",
                     intra_op_threads=args.threads or None, limits=Limits(),
                     decoder_spinning=args.decoder_spinning == "on")
@@ -87,12 +89,16 @@ def engine_baseline(args: argparse.Namespace, texts: list[str], short: list[str]
         start = time.perf_counter()
         engine.translate([text], options)
         single.append(time.perf_counter() - start)
-    rng, done, start = random.Random(1), 0, time.perf_counter()
-    while time.perf_counter() - start < args.duration:
-        engine.translate([rng.choice(texts) for _ in range(args.max_rows)], options)
-        done += args.max_rows
-    return {"single_text_ms": statistics.median(single) * 1000,
-            "batched_texts_per_s": done / (time.perf_counter() - start), "batch_texts": args.max_rows}
+    return engine, {"single_text_ms": statistics.median(single) * 1000, "batch_texts": args.max_rows}
+
+
+def engine_batched(engine: Engine, texts: list[str], *, batch: int, duration: float, seed: int) -> float:
+    """Texts/s of the engine alone translating ``batch`` random texts per call for ``duration``."""
+    rng, done, start = random.Random(seed), 0, time.perf_counter()
+    while time.perf_counter() - start < duration:
+        engine.translate([rng.choice(texts) for _ in range(batch)], DecodingOptions())
+        done += batch
+    return done / (time.perf_counter() - start)
 
 
 class Server:
@@ -203,10 +209,11 @@ def mixed_texts(texts: list[str], factor: int) -> tuple[list[str], list[str]]:
 def run(args: argparse.Namespace) -> dict:
     texts = load_texts(args)
     short, long = mixed_texts(texts, args.long_factor)
+    engine, baseline = engine_baseline(args, short)
     result = {"model_repository": args.model_repository, "precision": args.precision,
               "threads": args.threads, "decoder_spinning": args.decoder_spinning,
               "machine": f"{platform.machine()}, {os.cpu_count()} CPUs", "duration_s": args.duration,
-              "engine": engine_baseline(args, texts, short)}
+              "engine": baseline}
     server = Server(args, "step")
     try:
         result["idle_ms"] = asyncio.run(idle_latency(server.address, short[:50]))
@@ -216,6 +223,17 @@ def run(args: argparse.Namespace) -> dict:
             point = asyncio.run(closed_loop(server.address, texts, concurrency=c, duration=args.duration))
             point["server_cpus"] = (cpu_seconds(server.proc.pid) - server_cpu) / (time.perf_counter() - start)
             result["sweep"].append(point)
+        # saturated service vs engine alone: paired rounds, one after the other (the idle server
+        # uses no CPU meanwhile), so that the machine's drift hits both sides of each ratio alike
+        top = max(args.concurrency)
+        result["saturation"] = []
+        for i in range(args.rounds):
+            alone = engine_batched(engine, texts, batch=args.max_rows, duration=args.duration, seed=i)
+            served = asyncio.run(closed_loop(server.address, texts, concurrency=top, duration=args.duration))
+            result["saturation"].append({"engine_texts_per_s": alone, "service_texts_per_s": served["texts_per_s"],
+                                         "ratio": served["texts_per_s"] / alone})
+        result["engine"]["batched_texts_per_s"] = statistics.median(
+            x["engine_texts_per_s"] for x in result["saturation"])
         capacity = asyncio.run(closed_loop(server.address, short * 4 + long, concurrency=32,
                                            duration=args.duration))["texts_per_s"]
         rate = args.mixed_load * capacity
@@ -234,12 +252,14 @@ def run(args: argparse.Namespace) -> dict:
 
 def markdown(r: dict) -> str:
     e, m = r["engine"], r["mixed"]
-    best = max(s["texts_per_s"] for s in r["sweep"])
+    rounds = r["saturation"]
+    ratio = statistics.median(x["ratio"] for x in rounds)
     idle = r["idle_ms"]
     lines = [f"# Service benchmark ({r['model_repository']}, {r['precision']}, {r['machine']})", "",
              f"Engine alone: one short text {e['single_text_ms']:.1f} ms (median; the service: "
              f"{idle:.1f} ms for the same texts one at a time); batched "
-             f"{e['batched_texts_per_s']:.0f} texts/s ({e['batch_texts']} texts per call).", "",
+             f"{e['batched_texts_per_s']:.0f} texts/s ({e['batch_texts']} texts per call; median of the "
+             "rounds below).", "",
              "CPU columns: cores busy on average in the server process and in this load generator "
              f"(the machine has {os.cpu_count()}).", "",
              "| concurrency | requests | errors | texts/s | p50 ms | p95 ms | p99 ms | server CPUs | client CPUs |",
@@ -247,9 +267,13 @@ def markdown(r: dict) -> str:
     lines += [f"| {s['concurrency']} | {s['requests']} | {s['errors']} | {s['texts_per_s']:.0f} | "
               f"{s['p50_ms']:.1f} | {s['p95_ms']:.1f} | {s['p99_ms']:.1f} | {s['server_cpus']:.2f} | "
               f"{s['client_cpus']:.2f} |" for s in r["sweep"]]
-    lines += ["", f"Saturated service / engine batched throughput: "
-              f"{best / e['batched_texts_per_s']:.2f}; idle latency / engine: "
-              f"{idle / e['single_text_ms']:.2f}.", "",
+    lines += ["", f"Saturated throughput, {len(rounds)} paired rounds (the engine alone, {e['batch_texts']} texts "
+              f"per call, then the service at {max(x['concurrency'] for x in r['sweep'])} closed-loop clients):", "",
+              "| round | engine texts/s | service texts/s | service / engine |", "|---:|---:|---:|---:|"]
+    lines += [f"| {i + 1} | {x['engine_texts_per_s']:.0f} | {x['service_texts_per_s']:.0f} | {x['ratio']:.2f} |"
+              for i, x in enumerate(rounds)]
+    lines += ["", f"Saturated service / engine batched throughput (median of the rounds): {ratio:.2f}; "
+              f"idle latency / engine: {idle / e['single_text_ms']:.2f}.", "",
               f"Mixed workload (80% short, 20% long), open loop at {m['step']['offered_per_s']:.1f} "
               f"requests/s (capacity {m['capacity_per_s']:.1f}/s at concurrency 32):", "",
               "| batching | answered/s | errors | short p50 | short p99 | long p50 | long p99 |",
@@ -275,6 +299,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=0, help="ONNX Runtime intra-op threads (0 = default)")
     p.add_argument("--decoder-spinning", choices=("on", "off"), default="on",
                    help="as nmt serve's flag, for the engine baseline too")
+    p.add_argument("--rounds", type=int, default=3, help="paired engine/service saturation rounds")
     p.add_argument("--max-wait-ms", type=float, help="nmt serve --max-wait-ms (default: its default)")
     p.add_argument("--long-factor", type=int, default=4, help="texts joined into one long text")
     p.add_argument("--mixed-load", type=float, default=0.6, help="offered load / measured capacity")
