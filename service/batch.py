@@ -122,16 +122,12 @@ class Batch:
         order = _compact_order(np.diff(offsets).tolist(), [not t.search.done for t in self._texts])
         # (next_rows,): the row of this step each next row continues, live texts in their new order
         row_index = np.concatenate([_NO_ROWS] + [next_rows[i] for i in order])
-        relayout = bool(done) or len(row_index) != offsets[-1]
-        if relayout:  # a text's rows share one context: keep the first rows of each live text's block
-            context_index = np.concatenate([_NO_ROWS] + [
-                np.arange(offsets[i], offsets[i] + len(next_rows[i])) for i in order])
         self._texts = [self._texts[i] for i in order]
         self._prev = (np.concatenate([t.search.prev_tokens for t in self._texts]) if self._texts
                       else _NO_ROWS)
         self._state = self._runtime.gather_state(out.next_state, row_index)
-        if relayout:
-            self._relayout(context_index)
+        if done:  # a live text keeps its beam_size rows, which share its context block
+            self._relayout(_block_rows(offsets, order))
         return [(t.key, self._translation(t)) for t in done]
 
     def _choose(self, beam: int, members: list[int], offsets: np.ndarray, out: StepOutput,
@@ -164,9 +160,8 @@ class Batch:
         if all(keep):
             return
         sizes = [t.search.rows for t in self._texts]
-        offsets = np.cumsum([0, *sizes])
         order = _compact_order(sizes, keep)
-        row_index = np.concatenate([_NO_ROWS] + [np.arange(offsets[i], offsets[i + 1]) for i in order])
+        row_index = _block_rows(np.cumsum([0, *sizes]), order)
         self._texts = [self._texts[i] for i in order]
         self._prev = self._prev[row_index]
         self._state = self._runtime.gather_state(self._state, row_index)
@@ -223,9 +218,9 @@ class Batch:
             self._state, self._prev, self._backing = None, _NO_ROWS, ()
             return
         width, current = _width(self._texts), self._mask.shape[1]
-        n = len(row_index)
-        moved = np.flatnonzero(row_index != np.arange(n)) if n <= len(self._mask) else None
-        if width * WIDTH_SLACK >= current and moved is not None and len(moved) <= n * MAX_MOVED_SHARE:
+        n = len(row_index)  # rows only leave here: n <= the rows the arrays hold
+        moved = np.flatnonzero(row_index != np.arange(n))
+        if width * WIDTH_SLACK >= current and len(moved) <= n * MAX_MOVED_SHARE:
             # rows stay where they are and a few move into the leavers' places (``_compact_order``),
             # in place (the right side is gathered before it is written); then a view of the first
             # rows. Extra masked columns do not change any row's result (see _width).
@@ -300,6 +295,11 @@ def _compact_order(sizes: Sequence[int], keep: Sequence[bool]) -> list[int]:
         holes.remove(hole)
         position[i] = offsets[hole]
     return sorted(position, key=position.__getitem__)
+
+
+def _block_rows(offsets: np.ndarray, order: list[int]) -> np.ndarray:
+    """(rows,) the rows of blocks ``order`` (block i: rows offsets[i] to offsets[i + 1]), in order."""
+    return np.concatenate([_NO_ROWS] + [np.arange(offsets[i], offsets[i + 1]) for i in order])
 
 
 def _width(texts: list[_Text]) -> int:
