@@ -64,10 +64,7 @@ class SchedulerState:
         self.running: dict[Key, Entry] = {}
         self.pending_removal: list[Key] = []
         self.work = 0  # estimated rows x steps of queued and running texts
-
-    @property
-    def running_rows(self) -> int:
-        return sum(e.prepared.rows for e in self.running.values())
+        self.running_rows = 0  # decoder rows of the running texts
 
     def submit(self, request_id: int, prepared: Sequence[Prepared], *, now: float,
                deadline: float | None) -> None:
@@ -88,16 +85,20 @@ class SchedulerState:
             self.queue.remove(e)
             self.work -= e.prepared.work
         for key in [k for k in self.running if k[0] == request_id]:
-            self.work -= self.running.pop(key).prepared.work
+            self._leave(key)
             self.pending_removal.append(key)
 
     def finish(self, key: Key) -> None:
         """A text finished decoding (its rows already left the batch)."""
-        entry = self.running.pop(key, None)
-        if entry is not None:
-            self.work -= entry.prepared.work
+        if key in self.running:
+            self._leave(key)
         elif key in self.pending_removal:  # cancelled during the step that finished it
             self.pending_removal.remove(key)
+
+    def _leave(self, key: Key) -> None:
+        entry = self.running.pop(key)
+        self.work -= entry.prepared.work
+        self.running_rows -= entry.prepared.rows
 
     def expired(self, now: float) -> list[int]:
         """Requests whose deadline passed; the caller fails them and calls cancel()."""
@@ -140,6 +141,7 @@ class SchedulerState:
         for e in chosen:
             self.queue.remove(e)
             self.running[e.key] = e
+            self.running_rows += e.prepared.rows
         chosen.sort(key=lambda e: -len(e.prepared.source_ids))
         return Cycle(remove=remove, add=tuple((e.key, e.prepared) for e in chosen),
                      waited=tuple(now - e.arrived for e in chosen))

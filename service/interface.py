@@ -67,7 +67,7 @@ class Translation:
 class DecodeBatch(Protocol):
     """A running batch of decoder rows; many texts, each with its own options.
 
-    Not thread-safe: one thread (the scheduler's executor) drives it.
+    Not thread-safe: one thread (the scheduler's engine thread) drives it.
     ``Key`` is any hashable the caller uses to tell texts apart.
     """
 

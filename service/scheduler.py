@@ -1,16 +1,17 @@
 """Scheduler: one queue for all clients, step-level (continuous) batching.
 
-Shaped as handle + pure state + one background task (STYLE.md item 6):
+Shaped as handle + pure state + one engine thread (STYLE.md item 6):
 
 - ``SchedulerState`` (``service.admission``) decides, as plain synchronous
   code with an injected clock, which queued texts join the running batch and
   which rows leave it. Tested without a model (``tests/test_scheduler.py``).
-- ``Scheduler`` is the handle requests await. Its one background task runs
-  cycles (remove, add, decoder steps) in ONE executor thread, so ONNX Runtime
-  work never blocks the event loop, and fans results and errors out to each
-  request. A cycle keeps stepping in the executor until something happens
-  (a text finishes, a request arrives or is cancelled, a deadline or the batch
-  window passes): one event-loop round trip per event, not per step.
+- ``Scheduler`` is the handle requests await. ONE engine thread loops: under
+  a lock it asks the state for the next cycle (removals, additions, expired
+  deadlines), runs it and one decoder step, and posts finished texts (and
+  streaming prefixes) to the event loop, which answers the requests. The
+  engine never waits for the event loop between steps, so a busy loop (a
+  burst of requests to tokenize) does not stall decoding; and the event loop
+  never runs model code.
 
 The unit of a decoder step is a row; a text owns ``beam_size`` rows. Between
 two steps, queued texts join (``DecodeBatch.add``) and finished texts are
@@ -26,7 +27,6 @@ import asyncio
 import itertools
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import aclosing
 from dataclasses import dataclass, field
 from typing import AsyncIterator, Callable, Hashable, Sequence
@@ -35,10 +35,6 @@ from service.admission import Cycle, Key, SchedulerConfig, SchedulerState
 from service.errors import ErrorKind, NmtError
 from service.interface import DecodeBatch, Engine, Prepared, Translation
 from service.metrics import Metrics
-
-STEPS_PER_CYCLE = 32
-"""Most decoder steps one executor call runs while nothing happens (no arrival,
-cancel, finished text or deadline): saves an event-loop round trip per step."""
 
 
 @dataclass(frozen=True)
@@ -58,52 +54,44 @@ class _Request:
 
 
 @dataclass(frozen=True)
-class _Step:
-    rows: int  # rows the decoder step ran on
-    padding: tuple[int, int]  # (real, padded) source tokens of those rows
-    seconds: float
-
-
-@dataclass(frozen=True)
 class _Outcome:
-    """What one engine cycle did (computed in the executor thread)."""
+    """What one engine cycle did that requests wait for (computed in the engine thread)."""
 
     finished: list[tuple[Hashable, Translation]]
     prefixes: dict[Key, str]  # streaming texts still decoding -> their agreed prefix
-    encode_seconds: float | None
-    steps: list[_Step]
 
 
 class Scheduler:
-    """The handle: ``translate``/``stream`` for requests, one background task for the engine."""
+    """The handle: ``translate``/``stream`` for requests, one engine thread for the model."""
 
     def __init__(self, engine: Engine, config: SchedulerConfig, *, metrics: Metrics,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self._engine, self._metrics, self._clock = engine, metrics, clock
         self.state = SchedulerState(config)
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="nmt-engine")
-        self._batch: DecodeBatch | None = None  # touched only in the executor thread
-        self._requests: dict[int, _Request] = {}
+        self._lock = threading.Lock()  # guards state and _streaming: the loop submits and
+        # cancels, the engine thread takes and finishes
+        self._streaming: set[int] = set()  # requests that want Partial updates
+        self._wake = threading.Event()  # something for an idle engine thread: arrival, cancel, close
+        self._closing = False
+        self._requests: dict[int, _Request] = {}  # event-loop thread only
         self._ids = itertools.count()
-        self._wake = asyncio.Event()
-        self._interrupt = threading.Event()  # tells the executor to return after this step
-        self._task: asyncio.Task | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
 
     def start(self) -> None:
-        self._task = asyncio.get_running_loop().create_task(self._run(), name="nmt-scheduler")
+        self._loop = asyncio.get_running_loop()
+        self._thread = threading.Thread(target=self._engine_loop, name="nmt-engine", daemon=True)
+        self._thread.start()
 
     async def close(self) -> None:
-        """Stop the background task; requests still waiting get UNAVAILABLE."""
-        self._interrupt.set()
-        if self._task is not None:
-            self._task.cancel()
-            try:
-                await self._task
-            except asyncio.CancelledError:
-                pass
+        """Stop the engine thread (after its current step); requests still waiting get UNAVAILABLE."""
+        self._closing = True
+        self._wake.set()
+        if self._thread is not None:
+            await asyncio.to_thread(self._thread.join)
+        await asyncio.sleep(0)  # what the thread posted before it stopped
         for request_id in list(self._requests):
             self._fail(request_id, NmtError(ErrorKind.UNAVAILABLE, "server shutting down"))
-        self._executor.shutdown(wait=True)
 
     async def translate(self, prepared: Sequence[Prepared], *, timeout: float | None = None
                         ) -> list[Translation]:
@@ -117,18 +105,20 @@ class Scheduler:
     async def stream(self, prepared: Sequence[Prepared], *, timeout: float | None = None,
                      partials: bool = True) -> AsyncIterator[Partial | list[Translation]]:
         """``Partial`` updates as decoding goes (if ``partials``), then the translations."""
-        now = self._clock()
         request_id = next(self._ids)
-        self.state.submit(request_id, prepared, now=now,
-                          deadline=None if timeout is None else now + timeout)
+        with self._lock:
+            now = self._clock()
+            self.state.submit(request_id, prepared, now=now,
+                              deadline=None if timeout is None else now + timeout)
+            if partials:
+                self._streaming.add(request_id)
+            self._observe_queue()
         request = _Request(count=len(prepared), events=asyncio.Queue(), stream=partials,
                            prefixes=[""] * len(prepared))
         self._requests[request_id] = request
         for p in prepared:
             self._metrics.source_tokens.observe(len(p.source_ids))
-        self._observe_queue()
         self._wake.set()
-        self._interrupt.set()
         try:
             while True:
                 event = await request.events.get()
@@ -139,84 +129,84 @@ class Scheduler:
                     return
         finally:
             if self._requests.pop(request_id, None) is not None:  # cancelled or abandoned
-                self.state.cancel(request_id)
-                self._observe_queue()
-                self._wake.set()
-                self._interrupt.set()
+                self._cancel(request_id)
 
-    async def _run(self) -> None:
-        loop = asyncio.get_running_loop()
-        while True:
-            self._wake.clear()
-            self._interrupt.clear()
-            now = self._clock()
-            for request_id in self.state.expired(now):
-                self._fail(request_id, NmtError(ErrorKind.DEADLINE_EXCEEDED,
-                                                "deadline exceeded while queued or decoding"))
-            cycle = self.state.take(now)
-            self._observe_queue()
-            if not (cycle.add or cycle.remove or self.state.running):
-                await self._sleep(self.state.next_wake(now), now)
+    # -- the engine thread --------------------------------------------------------------
+
+    def _engine_loop(self) -> None:
+        """Decide (under the lock), then remove, add and step, and again: never waits for
+        the event loop, which only hears of finished texts, partials and failures."""
+        batch: DecodeBatch | None = None
+        while not self._closing:
+            with self._lock:
+                self._wake.clear()  # a submit or cancel after this sets it again
+                now = self._clock()
+                expired = self.state.expired(now)
+                for request_id in expired:
+                    self.state.cancel(request_id)
+                cycle = self.state.take(now)
+                busy = bool(cycle.add or cycle.remove or self.state.running)
+                streaming = [k for k in self.state.running if k[0] in self._streaming]
+                wake_at = None if busy else self.state.next_wake(now)
+                self._observe_queue()
+            if expired:
+                self._post(self._fail_all, expired, NmtError(
+                    ErrorKind.DEADLINE_EXCEEDED, "deadline exceeded while queued or decoding"))
+            if not busy:
+                self._wake.wait(None if wake_at is None else max(0.0, wake_at - now))
                 continue
-            streaming = [k for k in self.state.running if self._streams(k[0])]
             try:
-                outcome = await loop.run_in_executor(self._executor, self._engine_cycle, cycle,
-                                                     streaming, self.state.next_decision())
+                if batch is None:
+                    batch = self._engine.new_batch()
+                if cycle.remove:
+                    batch.remove(list(cycle.remove))
+                if cycle.add:
+                    for waited in cycle.waited:
+                        self._metrics.queue_wait.observe(waited)
+                    with self._metrics.encode_duration.time():
+                        batch.add(list(cycle.add))
+                outcome = self._step(batch, streaming)
             except Exception as e:  # a runtime failure: fail what was decoding, start afresh
-                self._batch = None
+                batch = None
                 error = e if isinstance(e, NmtError) else NmtError(
                     ErrorKind.INTERNAL, f"decoding failed: {type(e).__name__}: {e}")
-                for request_id in self.state.reset():
-                    self._fail(request_id, error)
+                with self._lock:
+                    lost = self.state.reset()
+                    self._observe_queue()
+                self._post(self._fail_all, lost, error)
                 continue
-            self._deliver(outcome, cycle)
+            if outcome.finished or outcome.prefixes:
+                with self._lock:
+                    for key, _ in outcome.finished:
+                        self.state.finish(key)
+                    self._observe_queue()
+                self._post(self._deliver, outcome)
 
-    async def _sleep(self, wake_at: float | None, now: float) -> None:
-        timeout = None if wake_at is None else max(0.0, wake_at - now)
-        try:
-            await asyncio.wait_for(self._wake.wait(), timeout)
-        except TimeoutError:
-            pass
-
-    def _engine_cycle(self, cycle: Cycle, streaming: list[Key], decide_at: float | None) -> _Outcome:
-        """Runs in the executor thread: remove, add (one encoder run), then decoder steps
-        until a text finishes, something happens on the loop, or ``decide_at`` passes."""
-        if self._batch is None:
-            self._batch = self._engine.new_batch()
-        batch = self._batch
-        if cycle.remove:
-            batch.remove(list(cycle.remove))
-        encode = None
-        if cycle.add:
-            start = time.perf_counter()
-            batch.add(list(cycle.add))
-            encode = time.perf_counter() - start
-        steps: list[_Step] = []
-        finished: list[tuple[Hashable, Translation]] = []
-        while batch.live_rows and not finished and len(steps) < STEPS_PER_CYCLE:
-            rows, padding, start = batch.live_rows, batch.padded_tokens, time.perf_counter()
-            finished = batch.step()
-            steps.append(_Step(rows, padding, time.perf_counter() - start))
-            if streaming or self._interrupt.is_set() or (decide_at is not None and self._clock() >= decide_at):
-                break
-        done = {key for key, _ in finished}
-        prefixes = {k: batch.prefix(k) for k in streaming if k not in done}
-        return _Outcome(finished, prefixes, encode, steps)
-
-    def _deliver(self, outcome: _Outcome, cycle: Cycle) -> None:
+    def _step(self, batch: DecodeBatch, streaming: list[Key]) -> _Outcome:
+        """One decoder step on the live rows (if any); metrics observed here."""
         m = self._metrics
-        for waited in cycle.waited:
-            m.queue_wait.observe(waited)
-        if outcome.encode_seconds is not None:
-            m.encode_duration.observe(outcome.encode_seconds)
-        for step in outcome.steps:
-            m.decode_duration.observe(step.seconds)
-            m.batch_rows.observe(step.rows)
-            real, padded = step.padding
+        finished: list[tuple[Hashable, Translation]] = []
+        if batch.live_rows:
+            rows, (real, padded) = batch.live_rows, batch.padded_tokens
+            with m.decode_duration.time():
+                finished = batch.step()
+            m.batch_rows.observe(rows)
             m.padding_ratio.observe((padded - real) / padded if padded else 0.0)
+        done = {key for key, _ in finished}
+        return _Outcome(finished, {k: batch.prefix(k) for k in streaming if k not in done})
+
+    def _post(self, callback: Callable[..., None], *args: object) -> None:
+        assert self._loop is not None
+        try:
+            self._loop.call_soon_threadsafe(callback, *args)
+        except RuntimeError:  # the loop closed under a server that never called close()
+            self._closing = True
+
+    # -- the event loop: results, failures, cancels ---------------------------------------
+
+    def _deliver(self, outcome: _Outcome) -> None:
         touched = set()
         for key, translation in outcome.finished:
-            self.state.finish(key)
             request = self._requests.get(key[0])
             if request is not None:
                 touched.add(key[0])
@@ -228,7 +218,6 @@ class Scheduler:
             request = self._requests[request_id]
             if len(request.results) == request.count:
                 self._complete(request_id, request)
-        self._observe_queue()
 
     def _send_partials(self, prefixes: dict[Key, str]) -> None:
         changed: set[int] = set()
@@ -250,18 +239,32 @@ class Scheduler:
                 self._metrics.target_tokens.observe(len(t.hypotheses[0].tokens))
                 self._metrics.generated_tokens.inc(len(t.hypotheses[0].tokens))
         del self._requests[request_id]
+        self._forget(request_id)
         request.events.put_nowait(translations)
 
+    def _fail_all(self, request_ids: list[int], error: NmtError) -> None:
+        for request_id in request_ids:
+            self._fail(request_id, error)
+
     def _fail(self, request_id: int, error: NmtError) -> None:
-        self.state.cancel(request_id)
         request = self._requests.pop(request_id, None)
+        self._cancel(request_id)
         if request is not None:
             request.events.put_nowait(error)
 
+    def _cancel(self, request_id: int) -> None:
+        """Drop the request from the state: queued texts now, decoding rows at the next step."""
+        with self._lock:
+            self.state.cancel(request_id)
+            self._streaming.discard(request_id)
+            self._observe_queue()
+        self._wake.set()
+
+    def _forget(self, request_id: int) -> None:
+        with self._lock:
+            self._streaming.discard(request_id)
+
     def _observe_queue(self) -> None:
+        """(Holding the lock.)"""
         self._metrics.queue_depth.set(len(self.state.queue))
         self._metrics.inflight_rows.set(self.state.running_rows)
-
-    def _streams(self, request_id: int) -> bool:
-        request = self._requests.get(request_id)
-        return request is not None and request.stream

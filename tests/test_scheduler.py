@@ -261,29 +261,22 @@ async def until(condition) -> None:
     raise AssertionError("condition not met")
 
 
-def count_cycles(scheduler: Scheduler) -> list[int]:
-    cycles = [0]
-    real = scheduler._engine_cycle
+def test_the_engine_keeps_stepping_while_the_event_loop_is_busy() -> None:
+    engine = FakeEngine(step_seconds=0.001)
 
-    def counted(*args):
-        cycles[0] += 1
-        return real(*args)
-    scheduler._engine_cycle = counted
-    return cycles
-
-
-def test_steps_run_back_to_back_in_the_executor_until_something_happens() -> None:
-    async def body(s: Scheduler) -> tuple[int, int]:
-        cycles = count_cycles(s)
-        await s.translate([prep(20)])
-        alone = cycles[0]
-        async for _ in s.stream([prep(20)]):
-            pass
-        return alone, cycles[0] - alone
-    (alone, streamed), scheduler = run_with(FakeEngine(), config(), body)
-    assert alone == 1  # one executor call for 20 steps: nothing else happened
-    assert streamed == 20  # a streaming text needs its prefix after every step
-    assert sample(scheduler, "nmt_batch_rows_count") == 40  # still observed per step
+    async def body(s: Scheduler) -> tuple[int, str]:
+        task = asyncio.create_task(s.translate([prep(100_000)]))
+        await until(lambda: ("step", 1) in engine.calls)
+        before = len(engine.calls)
+        time.sleep(0.2)  # block the event loop: no round trip can happen
+        during = len(engine.calls) - before
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        return during, (await s.translate([prep(3)]))[0].hypotheses[0].text
+    (during, after), _ = run_with(engine, config(), body)
+    assert during >= 20  # ~200 steps of 1 ms; a step per loop round trip would give 0 or 1
+    assert after == "t3"
 
 
 def step_order(engine: FakeEngine, step_level: bool) -> list[str]:
