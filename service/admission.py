@@ -105,15 +105,6 @@ class SchedulerState:
         entries = itertools.chain(self.queue, self.running.values())
         return sorted({e.key[0] for e in entries if e.deadline is not None and now >= e.deadline})
 
-    def next_decision(self) -> float | None:
-        """The first time ``take``/``expired`` may decide differently with no new event:
-        a deadline, or the end of the oldest queued text's wait."""
-        times = [e.deadline for e in itertools.chain(self.queue, self.running.values())
-                 if e.deadline is not None]
-        if self.queue:
-            times.append(self.queue[0].arrived + self.config.max_wait)
-        return min(times, default=None)
-
     def reset(self) -> list[int]:
         """Forget the running batch (the engine failed); the requests it held."""
         lost = sorted({k[0] for k in self.running})

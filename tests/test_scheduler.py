@@ -75,7 +75,7 @@ def test_running_batch_admits_after_max_wait_or_when_arrivals_fill_it() -> None:
     state.submit(0, [prep()], now=0.0, deadline=None)
     assert added(state, 0.0) == [(0, 0)]
     state.submit(1, [prep()], now=1.5, deadline=None)
-    assert state.next_wake(1.5) == 1.5 and state.next_decision() == 2.5
+    assert state.next_wake(1.5) == 1.5
     assert added(state, 1.5) == []  # arrivals share one encoder run
     assert added(state, 2.5) == [(1, 0)]  # joins the running batch (step-level)
     state.submit(2, [prep() for _ in range(7)], now=3.0, deadline=None)
