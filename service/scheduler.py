@@ -31,7 +31,7 @@ from contextlib import aclosing
 from dataclasses import dataclass, field
 from typing import AsyncIterator, Callable, Hashable, Sequence
 
-from service.admission import Cycle, Key, SchedulerConfig, SchedulerState
+from service.admission import Key, SchedulerConfig, SchedulerState
 from service.errors import ErrorKind, NmtError
 from service.interface import DecodeBatch, Engine, Prepared, Translation
 from service.metrics import Metrics

@@ -9,11 +9,11 @@ from typing import Hashable, Sequence
 
 import pytest
 
+from service.admission import SchedulerConfig, SchedulerState
 from service.errors import ErrorKind, NmtError
 from service.interface import Hypothesis, Prepared, Translation
 from service.metrics import Metrics
 from service.options import DecodingOptions
-from service.admission import SchedulerConfig, SchedulerState
 from service.scheduler import Partial, Scheduler
 
 
