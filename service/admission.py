@@ -44,6 +44,7 @@ class Entry:
     prepared: Prepared
     arrived: float  # clock() when submitted
     deadline: float | None  # clock() after which the request fails
+    stream: bool = False  # the request wants the agreed prefix after every step
 
 
 @dataclass(frozen=True)
@@ -67,7 +68,7 @@ class SchedulerState:
         self.running_rows = 0  # decoder rows of the running texts
 
     def submit(self, request_id: int, prepared: Sequence[Prepared], *, now: float,
-               deadline: float | None) -> None:
+               deadline: float | None, stream: bool = False) -> None:
         """Queue a request's texts, or raise RESOURCE_EXHAUSTED naming the limit."""
         work = sum(p.work for p in prepared)
         limit = self.config.max_queued_work
@@ -77,7 +78,7 @@ class SchedulerState:
                            f"(estimated rows x steps; this request {work}), above the limit "
                            f"max_queued_work={limit}; retry later")
         self.work += work
-        self.queue += [Entry((request_id, i), p, now, deadline) for i, p in enumerate(prepared)]
+        self.queue += [Entry((request_id, i), p, now, deadline, stream) for i, p in enumerate(prepared)]
 
     def cancel(self, request_id: int) -> None:
         """Drop the request's queued texts; its decoding rows leave at the next cycle."""

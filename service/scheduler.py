@@ -68,9 +68,8 @@ class Scheduler:
                  clock: Callable[[], float] = time.monotonic) -> None:
         self._engine, self._metrics, self._clock = engine, metrics, clock
         self.state = SchedulerState(config)
-        self._lock = threading.Lock()  # guards state and _streaming: the loop submits and
-        # cancels, the engine thread takes and finishes
-        self._streaming: set[int] = set()  # requests that want Partial updates
+        self._lock = threading.Lock()  # guards state: the loop submits and cancels, the
+        # engine thread takes and finishes
         self._wake = threading.Event()  # something for an idle engine thread: arrival, cancel, close
         self._closing = False
         self._requests: dict[int, _Request] = {}  # event-loop thread only
@@ -109,9 +108,7 @@ class Scheduler:
         with self._lock:
             now = self._clock()
             self.state.submit(request_id, prepared, now=now,
-                              deadline=None if timeout is None else now + timeout)
-            if partials:
-                self._streaming.add(request_id)
+                              deadline=None if timeout is None else now + timeout, stream=partials)
             self._observe_queue()
         request = _Request(count=len(prepared), events=asyncio.Queue(), stream=partials,
                            prefixes=[""] * len(prepared))
@@ -146,7 +143,7 @@ class Scheduler:
                     self.state.cancel(request_id)
                 cycle = self.state.take(now)
                 busy = bool(cycle.add or cycle.remove or self.state.running)
-                streaming = [k for k in self.state.running if k[0] in self._streaming]
+                streaming = [k for k, e in self.state.running.items() if e.stream]
                 wake_at = None if busy else self.state.next_wake(now)
                 self._observe_queue()
             if expired:
@@ -239,7 +236,6 @@ class Scheduler:
                 self._metrics.target_tokens.observe(len(t.hypotheses[0].tokens))
                 self._metrics.generated_tokens.inc(len(t.hypotheses[0].tokens))
         del self._requests[request_id]
-        self._forget(request_id)
         request.events.put_nowait(translations)
 
     def _fail_all(self, request_ids: list[int], error: NmtError) -> None:
@@ -256,13 +252,8 @@ class Scheduler:
         """Drop the request from the state: queued texts now, decoding rows at the next step."""
         with self._lock:
             self.state.cancel(request_id)
-            self._streaming.discard(request_id)
             self._observe_queue()
         self._wake.set()
-
-    def _forget(self, request_id: int) -> None:
-        with self._lock:
-            self._streaming.discard(request_id)
 
     def _observe_queue(self) -> None:
         """(Holding the lock.)"""
