@@ -47,7 +47,7 @@ RUN pip install --no-cache-dir . \
         pip uninstall -y onnxruntime && pip install --no-cache-dir "$ONNXRUNTIME"; \
     fi \
  && python -I -c "import importlib.util as u, sys; sys.exit(any(u.find_spec(m) for m in ('torch', 'export')))" \
- && python -I -c "import service.server, onnxruntime; print('onnxruntime', onnxruntime.__version__)" \
+ && python -I -c "import service.api.grpc_server, onnxruntime; print('onnxruntime', onnxruntime.__version__)" \
  && pip uninstall -y pip setuptools
 # Exported model directories can be mode 0700: make them readable by the
 # non-root user here, so the runtime stage copies them in one layer.

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import polib
 
-from service import placeholders
+from service.text import placeholders
 
 SYSTEM_LOCALE_DIR = Path("/usr/share/locale")
 LANGUAGE_DIRS = ("fr", "fr_FR")  # a catalog counts when its directory is one of these

@@ -26,7 +26,7 @@ from export.corpus import Pair, read_split
 from export.model import RNNSearch
 from export.search import beam_search, greedy
 from export.train import collate
-from service.tokenizer import Tokenizer
+from service.text.tokenizer import Tokenizer
 
 LENGTH_BUCKETS = ((1, 5), (6, 10), (11, 15), (16, 20), (21, 30), (31, 1000))  # source words
 HEATMAP_SENTENCES = (
@@ -108,7 +108,7 @@ def scores(decoded: Decoded, pairs: list[Pair], train_letters: set[str]) -> dict
 
 
 def _placeholders_in(text: str, pair: Pair) -> list[str]:
-    from service import placeholders
+    from service.text import placeholders
 
     return placeholders.find(text) if pair.placeholders else []
 

@@ -38,9 +38,9 @@ from export.model import RNNSearch
 from export.quantize import SCHEME as INT8_SCHEME
 from export.quantize import quantize_graph
 from export.verify import DYNAMIC_AXES, VerificationError, verify_repository
-from service.manifest import (DECODER_INPUTS, DECODER_OUTPUTS, ENCODER_INPUTS, ENCODER_OUTPUTS,
+from service.models.manifest import (DECODER_INPUTS, DECODER_OUTPUTS, ENCODER_INPUTS, ENCODER_OUTPUTS,
                               FORMAT, checksums, load_manifest, sha256_file, write_manifest)
-from service.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID
+from service.text.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 
 OPSET = 17
 GRAPHS = {"fp32": {"encoder": "encoder.onnx", "decoder_step": "decoder_step.onnx"},

@@ -104,7 +104,7 @@ def _finish(out: list[list[tuple[float, int, list[int]]]], sentence: int, histor
 def beam_search(model: RNNSearch, src: torch.Tensor, src_lengths: torch.Tensor, *, beam_size: int,
                 num_hypotheses: int = 1, length_penalty: float = 1.0, max_len: int = 200,
                 max_ratio: float = 3.0) -> list[list[Hypothesis]]:
-    """Batched beam search (the algorithm of ``service.search``); greedy is ``beam_size`` 1.
+    """Batched beam search (the algorithm of ``service.decoding.search``); greedy is ``beam_size`` 1.
 
     Each sentence has ``beam_size`` rows; the 2 * beam_size best candidates are
     taken over its rows' top-k; EOS candidates among the first beam_size finish,

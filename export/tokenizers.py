@@ -7,8 +7,8 @@ from pathlib import Path
 import sentencepiece as spm
 
 from export.corpus import read_split
-from service import placeholders
-from service.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID
+from service.text import placeholders
+from service.text.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 
 
 def train_one(lines: list[str], prefix: Path, vocab_size: int) -> Path:

@@ -22,7 +22,7 @@ from export.checkpoint import load_checkpoint, save_checkpoint
 from export.corpus import Pair, read_split
 from export.model import ModelConfig, RNNSearch
 from export.search import greedy
-from service.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer
+from service.text.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,7 @@ rows and source-length axes are really dynamic (declared symbolic, and run at
 batch 1, 2, 7, 32 x source length 1, 5, 40 with mixed lengths in a batch);
 per-step parity with PyTorch on those random padded batches; padding
 invariance (a sentence alone vs inside a batch padded to a longer source); and
-end-to-end greedy parity (the serving engine, `service.engine`, vs
+end-to-end greedy parity (the serving engine, `service.decoding.engine`, vs
 ``export.search.greedy``) on the test split, or on random sources without one.
 
 int8 parity with PyTorch is looser and documented in ``TOLERANCES``: weights
@@ -33,13 +33,13 @@ from export.checkpoint import CheckpointError, load_checkpoint
 from export.corpus import read_split
 from export.model import RNNSearch
 from export.search import greedy
-from service.engine import Engine
+from service.decoding.engine import Engine
 from service.errors import ModelRepositoryError
 from service.interface import Prepared
-from service.manifest import (DECODER_INPUTS, DECODER_OUTPUTS, ENCODER_INPUTS, ENCODER_OUTPUTS,
+from service.models.manifest import (DECODER_INPUTS, DECODER_OUTPUTS, ENCODER_INPUTS, ENCODER_OUTPUTS,
                               MANIFEST, Manifest, load_manifest, sha256_file)
 from service.options import DecodingOptions
-from service.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer
+from service.text.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer
 
 DYNAMIC_AXES = frozenset({"batch", "rows", "src_len", "k"})
 """Contract axis names that must stay symbolic in the graphs."""
@@ -68,13 +68,15 @@ class Tolerances:
 
 TOLERANCES = {
     "fp32": Tolerances(encoder=1e-4, step=1e-4, padding=1e-5, greedy=0.995),
-    # int8 weights (per column) and activations (per row) vs PyTorch, measured: encoder
-    # 0.010 / 0.044 / 0.014, step 0.011 / 0.18 / 0.017 on the tiny, reversal and a
-    # full-size random model (the reversal model's sharp log-probs err most; the
-    # per-tensor quantize_dynamic scheme gave 0.21 on similar steps).
+    # int8 weights (7 bits, per column: ``export.quantize``) and activations (8 bits, per
+    # row) vs PyTorch. Measured with 8-bit weights: encoder 0.010 / 0.044 / 0.014, step
+    # 0.011 / 0.18 / 0.017 on the tiny, reversal and a full-size random model (the reversal
+    # model's sharp log-probs err most; the per-tensor quantize_dynamic scheme gave 0.21 on
+    # similar steps). With 7-bit weights the reversal model's step measured 0.256: the
+    # bound is twice that. int8 is accepted on BLEU (evaluation), not on this figure.
     # Rows are independent, so padding and batching change nothing: measured exactly 0
     # (the per-tensor quantize_dynamic scheme this replaced: 0.010-0.020).
-    "int8": Tolerances(encoder=0.1, step=0.25, padding=1e-5, greedy=None),
+    "int8": Tolerances(encoder=0.1, step=0.5, padding=1e-5, greedy=None),
 }
 
 
@@ -274,7 +276,7 @@ def check_padding(graphs: Graphs, vocab_sizes: tuple[int, int], tol: Tolerances,
 
 
 def engine_greedy(engine: Engine, sources: list[list[int]]) -> list[list[int]]:
-    """Greedy target ids from the serving engine itself (``service.engine``): the parity
+    """Greedy target ids from the serving engine itself (``service.decoding.engine``): the parity
     check covers the code that serves, not a second decoding loop."""
     options = DecodingOptions(max_decoding_length=GREEDY_MAX_LEN, max_length_ratio=GREEDY_MAX_RATIO)
     batch = engine.new_batch()

@@ -5,7 +5,7 @@
 
 Decodes the first ``--max-sentences`` sources of the test split in consecutive
 batches of 1, 8, 32 and 64 sentences, greedy and beam 5, with each engine:
-``service.engine.Engine`` on the fp32 and int8 graphs, and the PyTorch
+``service.decoding.engine.Engine`` on the fp32 and int8 graphs, and the PyTorch
 reference ``export.search.beam_search`` (batched, ``torch.inference_mode``, the
 same search algorithm) on the checkpoint the graphs came from, all with the same
 number of threads. Both include tokenization and detokenization. Reports target
@@ -52,8 +52,8 @@ from export.checkpoint import load_checkpoint  # noqa: E402
 from export.model import ModelConfig, RNNSearch  # noqa: E402
 from export.search import beam_search  # noqa: E402
 from export.train import collate  # noqa: E402
-from service.engine import Engine  # noqa: E402
-from service.manifest import load_manifest  # noqa: E402
+from service.decoding.engine import Engine  # noqa: E402
+from service.models.manifest import load_manifest  # noqa: E402
 from service.options import DecodingOptions  # noqa: E402
 
 BATCH_SIZES = (1, 8, 32, 64)

@@ -42,7 +42,7 @@ import grpc
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from service.engine import Engine  # noqa: E402
+from service.decoding.engine import Engine  # noqa: E402
 from service.options import DecodingOptions, Limits  # noqa: E402
 from service.proto.nmt.v1 import translation_pb2 as pb  # noqa: E402
 from service.proto.nmt.v1 import translation_pb2_grpc as pb_grpc  # noqa: E402

@@ -5,7 +5,7 @@
 
 One decoder step (log-probs, top-k, next state, attention) at each row count
 (160 rows = a batch of 32 texts at beam 5), as the engine runs it: the ONNX
-side is ``service.runtime.Runtime.step`` with the serving session options.
+side is ``service.decoding.runtime.Runtime.step`` with the serving session options.
 PyTorch runs ``step_log_probs`` + top-k under ``inference_mode`` with the same
 thread count. The engines take turns in blocks of ``--steps`` steps (the first
 few of a block discarded: the other engine's idle threads may still be
@@ -32,9 +32,9 @@ import torch
 
 from export.checkpoint import load_checkpoint
 from export.verify import FIRST_ID, Graphs
-from service.manifest import load_manifest
-from service.runtime import Runtime
-from service.tokenizer import EOS_ID, PAD_ID
+from service.models.manifest import load_manifest
+from service.decoding.runtime import Runtime
+from service.text.tokenizer import EOS_ID, PAD_ID
 
 TOP_K = 10  # what a beam of 5 asks for (2 x beam)
 WARMUP = 3  # steps discarded at the start of each block
@@ -43,7 +43,7 @@ WARMUP = 3  # steps discarded at the start of each block
 def step_inputs(graphs: Graphs, *, rows: int, src_len: int, vocab_sizes: tuple[int, int],
                 rng: np.random.Generator) -> dict[str, np.ndarray]:
     """Realistic step inputs: the fp32 encoder's outputs on random sources with one
-    masked column, as the engine's batches have (``service.batch.PAD_COLUMNS``)."""
+    masked column, as the engine's batches have (``service.decoding.batch.PAD_COLUMNS``)."""
     src = rng.integers(FIRST_ID, vocab_sizes[0], size=(rows, src_len + 1))  # (rows, src_len + 1)
     src[:, src_len - 1], src[:, src_len] = EOS_ID, PAD_ID
     lengths = np.full(rows, src_len, dtype=np.int64)

@@ -2,7 +2,7 @@
 
     python loadtest/quality_engine.py models/en-fr/1 build/corpus/test.jsonl [--beam 5]
 
-Decodes every source with ``service.engine.Engine`` (the path users hit) in
+Decodes every source with ``service.decoding.engine.Engine`` (the path users hit) in
 each precision and scores it like ``nmt evaluate`` (sacreBLEU and chrF,
 detokenized, placeholders restored, against the catalog translations). Writes
 ``loadtest/results/quality_engine.md`` and ``.json``.
@@ -17,7 +17,7 @@ from pathlib import Path
 
 import sacrebleu
 
-from service.engine import Engine
+from service.decoding.engine import Engine
 from service.options import DecodingOptions
 
 BATCH = 32

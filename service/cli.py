@@ -13,8 +13,8 @@ import sys
 from importlib.metadata import entry_points
 
 ONLINE = {
-    "serve": ("service.server", "main", "run the gRPC translation server"),
-    "translate": ("service.client", "main", "translate text with a running server"),
+    "serve": ("service.api.grpc_server", "main", "run the gRPC translation server"),
+    "translate": ("service.clients.translate", "main", "translate text with a running server"),
 }
 OFFLINE = {
     "corpus": "build the parallel corpus from gettext catalogs",

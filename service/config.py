@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Callable, Mapping
 
 from service.options import Limits
-from service.admission import SchedulerConfig
+from service.scheduling.admission import SchedulerConfig
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_MODEL_REPOSITORY = REPO_ROOT / "models" / "en-fr" / "1"
@@ -36,7 +36,7 @@ class ServeConfig:
     precision: str  # graph variant: "fp32" or "int8"
     provider: str  # ONNX Runtime provider: "cpu" or "cuda"
     threads: int  # ONNX Runtime intra-op threads (0 = its default)
-    decoder_spinning: bool  # decoder-step thread pool spins between operators (see service.runtime)
+    decoder_spinning: bool  # decoder-step thread pool spins between operators (see service.decoding.runtime)
     scheduler: SchedulerConfig  # batching budgets and admission control
     limits: Limits  # per-request limits
     max_message_bytes: int  # largest request accepted (gRPC answers RESOURCE_EXHAUSTED)

@@ -1,5 +1,5 @@
 """The closed set of error kinds. Mapped to gRPC status codes in one place
-(``service.server.GRPC_CODES``); messages name the field, the limit and the value.
+(``service.api.grpc_server.GRPC_CODES``); messages name the field, the limit and the value.
 """
 
 from __future__ import annotations
@@ -36,3 +36,7 @@ def invalid(field: str, limit: str, value: object) -> NmtError:
 
 class ModelRepositoryError(Exception):
     """A model repository that cannot be served; the message names the file."""
+
+
+class ProviderUnavailableError(RuntimeError):
+    """The requested execution provider cannot run here (no GPU, no onnxruntime-gpu)."""

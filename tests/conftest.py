@@ -49,7 +49,7 @@ REVERSAL_MODEL = {"emb_size": 32, "enc_hidden_size": 64, "dec_hidden_size": 64,
 
 def write_pairs(path: Path, pairs: list[tuple[str, str]]) -> None:
     """Write raw (source, target) pairs as a corpus split file."""
-    from service import placeholders
+    from service.text import placeholders
 
     with path.open("w", encoding="utf-8") as f:
         for src, tgt in pairs:
@@ -98,7 +98,7 @@ def _save_untrained(tok_dir: Path, out: Path, seed: int = 0, **sizes: int) -> Pa
 
     from export.checkpoint import save_checkpoint
     from export.model import ModelConfig, RNNSearch
-    from service.tokenizer import Tokenizer
+    from service.text.tokenizer import Tokenizer
 
     tok = Tokenizer(tok_dir / "source.model", tok_dir / "target.model")
     torch.manual_seed(seed)

@@ -13,13 +13,13 @@ import numpy as np
 import pytest
 
 from conftest import TINY_SENTENCES
-from service import placeholders
-from service.batch import _compact_order
-from service.engine import Engine
+from service.text import placeholders
+from service.decoding.batch import _compact_order
+from service.decoding.engine import Engine
 from service.errors import ErrorKind, ModelRepositoryError, NmtError
-from service.manifest import MANIFEST, checksums, write_manifest
+from service.models.manifest import MANIFEST, checksums, write_manifest
 from service.options import DecodingOptions, Limits
-from service.runtime import ProviderUnavailableError
+from service.errors import ProviderUnavailableError
 
 PARITY_SHARE = 0.995  # the acceptance threshold: identical outputs on the test split
 MIXED_BEAMS = (1, 5, 3, 2)  # beam sizes cycled through mixed batches
@@ -332,7 +332,7 @@ def test_bad_engine_settings(tiny_repository: Path) -> None:
 def test_the_engine_never_imports_torch(tiny_repository: Path) -> None:
     code = (
         "import sys\n"
-        "from service.engine import Engine\n"
+        "from service.decoding.engine import Engine\n"
         "from service.options import DecodingOptions\n"
         f"e = Engine({str(tiny_repository)!r}, intra_op_threads=1)\n"
         "t = e.translate(['Delete %s files?', 'Open the file'], DecodingOptions(beam_size=2, return_attention=True))\n"

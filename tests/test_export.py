@@ -17,7 +17,7 @@ from export import quantize, verify
 from export.cli import export_main, verify_main
 from export.onnx_export import export_repository
 from service.errors import ModelRepositoryError
-from service.manifest import (DECODER_INPUTS, DECODER_OUTPUTS, ENCODER_INPUTS, ENCODER_OUTPUTS,
+from service.models.manifest import (DECODER_INPUTS, DECODER_OUTPUTS, ENCODER_INPUTS, ENCODER_OUTPUTS,
                               FORMAT, MANIFEST, checksums, load_manifest, write_manifest)
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from service import placeholders as ph
+from service.text import placeholders as ph
 
 
 @pytest.mark.parametrize("text, found", [

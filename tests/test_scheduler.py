@@ -9,12 +9,12 @@ from typing import Hashable, Sequence
 
 import pytest
 
-from service.admission import SchedulerConfig, SchedulerState
+from service.scheduling.admission import SchedulerConfig, SchedulerState
 from service.errors import ErrorKind, NmtError
 from service.interface import Hypothesis, Prepared, Translation
 from service.metrics import Metrics
 from service.options import DecodingOptions
-from service.scheduler import Partial, Scheduler
+from service.scheduling.scheduler import Partial, Scheduler
 
 
 def prep(steps: int = 3, *, length: int = 4, beam: int = 1) -> Prepared:

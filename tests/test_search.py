@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from service.search import (NEG_INF, SearchConfig, TextSearch, beam_step, normalized_score,
+from service.decoding.search import (NEG_INF, SearchConfig, TextSearch, beam_step, normalized_score,
                             top_continuations)
 
 EOS, BOS = 3, 2

@@ -13,7 +13,7 @@ from export.checkpoint import load_checkpoint
 from export.corpus import read_split
 from export.search import greedy
 from export.train import collate
-from service.tokenizer import Tokenizer
+from service.text.tokenizer import Tokenizer
 
 SMALL = {"emb_size": 32, "enc_hidden_size": 32, "dec_hidden_size": 48, "attn_size": 32,
          "out_size": 32, "dropout": 0.0}

@@ -2,7 +2,7 @@
 
 Shaped as handle + pure state + one engine thread (STYLE.md item 6):
 
-- ``SchedulerState`` (``service.admission``) decides, as plain synchronous
+- ``SchedulerState`` (``service.scheduling.admission``) decides, as plain synchronous
   code with an injected clock, which queued texts join the running batch and
   which rows leave it. Tested without a model (``tests/test_scheduler.py``).
 - ``Scheduler`` is the handle requests await. ONE engine thread loops: under
@@ -31,7 +31,7 @@ from contextlib import aclosing
 from dataclasses import dataclass, field
 from typing import AsyncIterator, Callable, Hashable, Sequence
 
-from service.admission import Key, SchedulerConfig, SchedulerState
+from service.scheduling.admission import Key, SchedulerConfig, SchedulerState
 from service.errors import ErrorKind, NmtError
 from service.interface import DecodeBatch, Engine, Prepared, Translation
 from service.metrics import Metrics

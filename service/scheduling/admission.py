@@ -6,7 +6,7 @@ on its own (``tests/test_scheduler.py``). It keeps one queue for all clients
 (arrival order), the texts decoding, the estimated work (rows x steps) for
 admission control, and decides each cycle's removals and additions within
 the row and token budgets, preferring sources of the oldest text's length
-bucket. ``service.scheduler.Scheduler`` drives it from the event loop.
+bucket. ``service.scheduling.scheduler.Scheduler`` drives it from the event loop.
 """
 
 from __future__ import annotations

@@ -14,8 +14,6 @@ import signal
 import sys
 import time
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
-from pathlib import Path
 from typing import AsyncIterator, Sequence
 
 import grpc
@@ -23,17 +21,16 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1.health import aio as health_aio
 from grpc_reflection.v1alpha import reflection
 
-from service import convert
+from service.api import convert
 from service.config import ConfigError, ServeConfig, parse
-from service.errors import ErrorKind, ModelRepositoryError, NmtError, invalid
+from service.app import Model, ServedModels, load_engines
+from service.errors import ErrorKind, ModelRepositoryError, NmtError, ProviderUnavailableError, invalid
 from service.interface import Engine, Prepared
-from service.manifest import MANIFEST, Manifest
 from service.metrics import Metrics, MetricsServer
-from service.options import DecodingOptions, validate_options
+from service.options import validate_options
 from service.proto.nmt.v1 import translation_pb2 as pb
 from service.proto.nmt.v1 import translation_pb2_grpc as pb_grpc
-from service.runtime import ProviderUnavailableError
-from service.scheduler import Partial, Scheduler
+from service.scheduling.scheduler import Partial
 
 log = logging.getLogger("nmt.server")
 
@@ -52,52 +49,12 @@ SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Translator"].full_name  # "nmt.v1
 WARMUP_TEXT = "Hello world"
 
 
-@dataclass(frozen=True)
-class Model:
-    """One served model: its engine and the scheduler feeding it."""
-
-    manifest: Manifest
-    engine: Engine
-    scheduler: Scheduler
-
-    @property
-    def ref(self) -> str:
-        return f"{self.manifest.name}/{self.manifest.version}"
-
-
-def find_repositories(root: Path) -> list[Path]:
-    """``root`` itself if it holds a manifest, else every ``root/<name>/<version>/``."""
-    if (root / MANIFEST).is_file():
-        return [root]
-    found = sorted(p.parent for p in root.glob(f"*/*/{MANIFEST}"))
-    if not found:
-        raise ModelRepositoryError(f"{root}: no {MANIFEST} there nor in <name>/<version>/ below it")
-    return found
-
-
-def load_engines(config: ServeConfig) -> list[Engine]:
-    """One engine per model repository (checksums verified by the engine's manifest load)."""
-    from service.engine import Engine as OnnxEngine
-
-    return [OnnxEngine(path, precision=config.precision, provider=config.provider,
-                       intra_op_threads=config.threads or None, limits=config.limits,
-                       decoder_spinning=config.decoder_spinning)
-            for path in find_repositories(config.model_repository)]
-
-
 class App:
     """The server and everything it owns: models, schedulers, health, metrics."""
 
     def __init__(self, config: ServeConfig, engines: Sequence[Engine]) -> None:
         self.config, self.metrics = config, Metrics()
-        models = [Model(e.manifest, e, Scheduler(e, config.scheduler, metrics=self.metrics))
-                  for e in engines]
-        models.sort(key=lambda m: _version_key(m.manifest.version), reverse=True)  # newest first
-        models.sort(key=lambda m: (m.manifest.name != config.default_model, m.manifest.name))
-        if config.default_model and models[0].manifest.name != config.default_model:
-            raise ModelRepositoryError(f"--default-model {config.default_model!r} is not among the "
-                                       f"loaded models {[m.ref for m in models]}")
-        self.models = models
+        self.models = ServedModels(config, engines, self.metrics)
         self.health = health_aio.HealthServicer()
         options = [("grpc.max_receive_message_length", config.max_message_bytes),
                    ("grpc.so_reuseport", 0)]  # a busy port must fail, not be shared
@@ -113,15 +70,6 @@ class App:
         self.port = self.server.add_insecure_port(f"{config.host}:{config.port}")
         self.metrics_server: MetricsServer | None = None
 
-    def model(self, name: str) -> Model:
-        if not name:
-            return self.models[0]
-        matches = [m for m in self.models if name in (m.manifest.name, m.ref)]
-        if not matches:
-            raise NmtError(ErrorKind.NOT_FOUND, f"model must be one of "
-                           f"{sorted({m.manifest.name for m in self.models})}, got {name!r}")
-        return max(matches, key=lambda m: _version_key(m.manifest.version))
-
     @property
     def metrics_port(self) -> int:
         return self.metrics_server.port if self.metrics_server else 0
@@ -130,23 +78,16 @@ class App:
         """Serve; health says SERVING only after every model translated a warm-up text."""
         for service in ("", SERVICE_NAME):
             await self.health.set(service, health_pb2.HealthCheckResponse.NOT_SERVING)
-        for m in self.models:
-            m.scheduler.start()
-            self.metrics.set_model(name=m.manifest.name, version=m.manifest.version,
-                                   sha256=m.manifest.sha256, provider=self.config.provider,
-                                   precision=self.config.precision)
+        self.models.start()
         self.metrics_server = self.metrics.serve(host=self.config.host, port=self.config.metrics_port)
         await self.server.start()
-        started = time.perf_counter()
-        for m in self.models:
-            await m.scheduler.translate([m.engine.prepare(WARMUP_TEXT, DecodingOptions(), 0)])
-        warmup_ms = (time.perf_counter() - started) * 1000
+        warmup_ms = await self.models.warm_up() * 1000
         for service in ("", SERVICE_NAME):
             await self.health.set(service, health_pb2.HealthCheckResponse.SERVING)
         sc = self.config.scheduler
         log.info("serving %s on %s:%d (metrics :%d/metrics), %s on %s, %s-level batching "
                  "(max_rows=%d max_tokens=%d max_wait=%.1fms max_queued_work=%d), warm-up %.0f ms",
-                 ", ".join(m.ref for m in self.models), self.config.host, self.port,
+                 ", ".join(m.ref for m in self.models.all), self.config.host, self.port,
                  self.metrics_port, self.config.precision, self.config.provider,
                  "step" if sc.step_level else "request", sc.max_rows, sc.max_tokens,
                  sc.max_wait * 1000, sc.max_queued_work, warmup_ms)
@@ -155,14 +96,9 @@ class App:
         """NOT_SERVING, refuse new calls, let in-flight ones finish within ``grace`` seconds."""
         await self.health.enter_graceful_shutdown()
         await self.server.stop(grace)
-        for m in self.models:
-            await m.scheduler.close()
+        await self.models.close()
         if self.metrics_server is not None:
             self.metrics_server.close()
-
-
-def _version_key(version: str) -> tuple[int, str]:
-    return (int(version), "") if version.isdigit() else (-1, version)
 
 
 class TranslatorServicer(pb_grpc.TranslatorServicer):
@@ -198,7 +134,7 @@ class TranslatorServicer(pb_grpc.TranslatorServicer):
             cfg = self.app.config
             return pb.ListModelsResponse(models=[
                 convert.model_info(m.manifest, precision=cfg.precision, provider=cfg.provider,
-                                   is_default=i == 0) for i, m in enumerate(self.app.models)])
+                                   is_default=i == 0) for i, m in enumerate(self.app.models.all)])
 
     def _prepare(self, request: pb.TranslateRequest) -> tuple[Model, list[Prepared]]:
         """Validate the whole request (field order) and tokenize its texts."""
@@ -207,7 +143,7 @@ class TranslatorServicer(pb_grpc.TranslatorServicer):
             raise invalid("texts", "at least one text", 0)
         if len(request.texts) > limits.max_texts:
             raise invalid("texts", f"at most {limits.max_texts} texts", len(request.texts))
-        model = self.app.model(request.model)
+        model = self.app.models.get(request.model)
         options = validate_options(convert.options(request.options), limits)
         return model, [model.engine.prepare(text, options, i) for i, text in enumerate(request.texts)]
 

@@ -17,17 +17,13 @@ from typing import Any
 import numpy as np
 import onnxruntime as ort
 
-from service.errors import ModelRepositoryError
-from service.manifest import (DECODER_INPUTS, DECODER_OUTPUTS, ENCODER_INPUTS, ENCODER_OUTPUTS,
+from service.errors import ModelRepositoryError, ProviderUnavailableError
+from service.models.manifest import (DECODER_INPUTS, DECODER_OUTPUTS, ENCODER_INPUTS, ENCODER_OUTPUTS,
                               Manifest)
 
 PROVIDERS = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider"}
 STEP_OUTPUTS = ["topk_log_probs", "topk_ids", "next_state", "attention"]  # log_probs stays inside
 CUDA_DEVICE_ID = 0
-
-
-class ProviderUnavailableError(RuntimeError):
-    """The requested execution provider cannot run here (no GPU, no onnxruntime-gpu)."""
 
 
 @dataclass(frozen=True)

@@ -2,9 +2,9 @@
 
 ``Engine`` loads a repository (checksums verified), its tokenizers and the ONNX
 Runtime sessions of one precision on one provider; ``prepare`` validates and
-tokenizes a text; ``new_batch`` gives a running batch (``service.batch``) that
+tokenizes a text; ``new_batch`` gives a running batch (``service.decoding.batch``) that
 the scheduler drives step by step; ``translate`` does it all for a list of
-texts. Search: ``service.search`` (fairseq-style beam search; greedy is beam 1;
+texts. Search: ``service.decoding.search`` (fairseq-style beam search; greedy is beam 1;
 finished hypotheses ranked by ``score / length ** length_penalty``, length
 counting the EOS). Torch-free.
 """
@@ -14,13 +14,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Sequence
 
-from service.batch import Batch, SpecialIds
+from service.decoding.batch import Batch, SpecialIds
 from service.errors import ModelRepositoryError, invalid
 from service.interface import Prepared, Translation
-from service.manifest import Manifest, load_manifest
+from service.models.manifest import Manifest, load_manifest
 from service.options import DecodingOptions, Limits, validate_options, validate_text
-from service.runtime import PROVIDERS, Runtime
-from service.tokenizer import Tokenizer
+from service.decoding.runtime import PROVIDERS, Runtime
+from service.text.tokenizer import Tokenizer
 
 PRECISIONS = ("fp32", "int8")
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import sentencepiece as spm
 
-from service import placeholders
+from service.text import placeholders
 
 PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
 """Special ids, the same in both SentencePiece models (set when they are trained)."""

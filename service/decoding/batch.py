@@ -1,7 +1,7 @@
 """The running batch: decoder rows of many texts, each text with its own options.
 
 A text owns ``beam_size`` contiguous rows. Every step runs the decoder on all
-live rows at once, then each text chooses its next beams (``service.search``);
+live rows at once, then each text chooses its next beams (``service.decoding.search``);
 the rows are then reordered (state: every step; the per-row context only when
 texts arrive or leave). Texts can join between steps (``add``: one encoder run,
 then every row is padded to the longest source) and leave at any time.
@@ -22,11 +22,11 @@ from typing import Any, Hashable, Sequence
 
 import numpy as np
 
-from service import placeholders
+from service.text import placeholders
 from service.interface import Alignment, Hypothesis, Prepared, Translation
-from service.runtime import EncoderOutput, Runtime, StepOutput
-from service.search import Finished, SearchConfig, TextSearch, choose
-from service.tokenizer import Tokenizer
+from service.decoding.runtime import EncoderOutput, Runtime, StepOutput
+from service.decoding.search import Finished, SearchConfig, TextSearch, choose
+from service.text.tokenizer import Tokenizer
 
 
 _NO_ROWS = np.zeros(0, dtype=np.int64)
