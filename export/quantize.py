@@ -13,17 +13,16 @@ weight is rewritten here into standard ONNX ops:
   per output column, fixed at export. 7 bits, not 8: on x86 CPUs without VNNI (AVX2,
   AVX-512 without VNNI), ONNX Runtime's u8 x s8 kernel sums pairs of products in
   saturating int16 (``vpmaddubsw``): 255 x 127 x 2 overflows, and results were wrong
-  by up to 1.8e5 in the int32 product on an AMD EPYC (Zen 3, AVX2) at 160 x 1280 x 1536;
-  255 x 63 x 2 = 32,130 fits. Exact on every kernel (AVX2, VNNI, AMX), and it was also
-  the fastest there (2.0 ms against 2.3 for u8 x u8 and 3.5 for fp32);
+  by up to 1.8e5 in the int32 product on an AMD EPYC (Zen 3, AVX2); 255 x 63 x 2 = 32,130
+  fits. Exact on every kernel (AVX2, VNNI, AMX), and the fastest of the exact choices
+  there (``loadtest/results/notes.md``);
 - activations: one scale per row (per vector along the last axis),
   ``max|x| / 127``, computed in the graph; uint8 around a zero point of 128;
 - the int32 product (exact in any order) is scaled by the weight scales inside
   ONNX Runtime's ``MatMulIntegerToFloat`` (``com.microsoft``; A's scale is the
   constant 1), then ``* row_scale (+ bias)``: one pass over the output fewer
   than ``MatMulInteger -> Cast -> Mul``, which matters for the (rows, vocab)
-  output layer (measured 4.94 -> 4.30 ms per step at 160 rows, 2 threads,
-  bit-identical results).
+  output layer (bit-identical results; timings in ``loadtest/results/notes.md``).
 
 A row's outputs depend only on that row: bit-identical alone or in any batch.
 Embedding tables become int8 with one scale per token. Left in fp32: the

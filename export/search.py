@@ -2,8 +2,9 @@
 
 This is the reference the ONNX engine is checked against, so it uses the same
 algorithm: per sentence, ``beam_size`` rows; each step every live row scores
-the vocabulary, a beam keeps the ``beam_size`` best (score, token) pairs over
-its rows; a hypothesis ending in EOS is finished; a sentence is done when it
+the vocabulary, the ``2 * beam_size`` best (score, token) pairs over its rows
+are taken: EOS among the first ``beam_size`` finish, the first ``beam_size``
+others are the next beams; a sentence is done when it
 has ``beam_size`` finished hypotheses or hits its length limit. Scores are
 sums of log-probabilities; ranking uses ``score / length ** length_penalty``.
 """
@@ -15,6 +16,9 @@ from dataclasses import dataclass
 import torch
 
 from export.model import RNNSearch
+from service.options import DecodingOptions, max_target_length
+
+DEFAULTS = DecodingOptions()  # the service's defaults: the same length limits on both sides
 
 
 @dataclass(frozen=True)
@@ -27,12 +31,15 @@ class Hypothesis:
 
 
 def _lengths(src_lengths: torch.Tensor, max_len: int, max_ratio: float) -> list[int]:
-    return [min(max_len, int(max_ratio * n) + 5) for n in src_lengths.tolist()]
+    """Per sentence, the service's length rule (``service.options.max_target_length``)."""
+    return [max_target_length(n, max_decoding_length=max_len, max_length_ratio=max_ratio)
+            for n in src_lengths.tolist()]
 
 
 @torch.inference_mode()
 def greedy(model: RNNSearch, src: torch.Tensor, src_lengths: torch.Tensor, *,
-           max_len: int = 200, max_ratio: float = 3.0) -> list[Hypothesis]:
+           max_len: int = DEFAULTS.max_decoding_length,
+           max_ratio: float = DEFAULTS.max_length_ratio) -> list[Hypothesis]:
     """Greedy decoding of a padded batch; the step graph runs on live rows only."""
     cfg = model.config
     annotations, keys, state = model.encoder(src, src_lengths)
@@ -102,8 +109,9 @@ def _finish(out: list[list[tuple[float, int, list[int]]]], sentence: int, histor
 
 @torch.inference_mode()
 def beam_search(model: RNNSearch, src: torch.Tensor, src_lengths: torch.Tensor, *, beam_size: int,
-                num_hypotheses: int = 1, length_penalty: float = 1.0, max_len: int = 200,
-                max_ratio: float = 3.0) -> list[list[Hypothesis]]:
+                num_hypotheses: int = 1, length_penalty: float = 1.0,
+                max_len: int = DEFAULTS.max_decoding_length,
+                max_ratio: float = DEFAULTS.max_length_ratio) -> list[list[Hypothesis]]:
     """Batched beam search (the algorithm of ``service.decoding.search``); greedy is ``beam_size`` 1.
 
     Each sentence has ``beam_size`` rows; the 2 * beam_size best candidates are

@@ -117,6 +117,36 @@ def validate(model: RNNSearch, data: list[Example], pairs: list[Pair], tok: Toke
     return total / max(count, 1), sacrebleu.corpus_bleu(hyps, [refs]).score
 
 
+def _update(model: RNNSearch, opt: torch.optim.Optimizer, batch, config: TrainConfig):
+    """One optimizer step on a collated batch: (summed loss, target tokens)."""
+    loss, n = loss_on(model, batch, config.label_smoothing)
+    opt.zero_grad(set_to_none=True)
+    (loss / n).backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), config.clip_norm)
+    opt.step()
+    return loss, n
+
+
+def _start(tok: Tokenizer, model_config: dict | None, config: TrainConfig, resume: Path | None):
+    """A new model, or the one ``resume`` names with its optimizer and training state:
+    (model, optimizer, lr scheduler, state)."""
+    state: dict = {"step": 0, "epoch": 0, "best_bleu": -1.0, "elapsed": 0.0}
+    ckpt = load_checkpoint(resume) if resume is not None else None
+    if ckpt is not None:
+        model = RNNSearch(ckpt.config)
+        model.load_state_dict(ckpt.weights)
+        state.update(ckpt.extra.get("train_state", {}))
+    else:
+        model = RNNSearch(ModelConfig(src_vocab_size=tok.source.get_piece_size(),
+                                      tgt_vocab_size=tok.target.get_piece_size(), **(model_config or {})))
+    opt = torch.optim.Adam(model.parameters(), lr=config.lr)
+    sched = torch.optim.lr_scheduler.ReduceLROnPlateau(opt, mode="max", factor=0.5, patience=2)
+    if ckpt is not None and "optimizer" in ckpt.extra:
+        opt.load_state_dict(ckpt.extra["optimizer"])
+        sched.load_state_dict(ckpt.extra["scheduler"])
+    return model, opt, sched, state
+
+
 def train(corpus_dir: Path, tokenizer_dir: Path, out_dir: Path, *, model_config: dict | None = None,
           config: TrainConfig = TrainConfig(), resume: Path | None = None, log=print) -> Path:
     """Train until the time budget or epoch limit; returns the best checkpoint's path."""
@@ -124,34 +154,16 @@ def train(corpus_dir: Path, tokenizer_dir: Path, out_dir: Path, *, model_config:
     random.seed(config.seed)
     torch.manual_seed(config.seed)
     tok = Tokenizer(tokenizer_dir / "source.model", tokenizer_dir / "target.model")
-    sp_files = {"source.model": (tokenizer_dir / "source.model").read_bytes(),
-                "target.model": (tokenizer_dir / "target.model").read_bytes()}
-    train_pairs = read_split(corpus_dir / "train.jsonl")
+    sp_files = {name: (tokenizer_dir / name).read_bytes() for name in ("source.model", "target.model")}
+    train_data = encode_pairs(read_split(corpus_dir / "train.jsonl"), tok, config.max_len)
     valid_pairs = read_split(corpus_dir / "valid.jsonl")
-    train_data = encode_pairs(train_pairs, tok, config.max_len)
     valid_data = encode_pairs(valid_pairs, tok, config.max_len)
     if not train_data:
         raise ValueError(f"{corpus_dir / 'train.jsonl'}: no usable training pairs")
-
-    state: dict = {"step": 0, "epoch": 0, "best_bleu": -1.0, "elapsed": 0.0}
-    if resume is not None:
-        ckpt = load_checkpoint(resume)
-        mcfg = ckpt.config
-        model = RNNSearch(mcfg)
-        model.load_state_dict(ckpt.weights)
-        state.update(ckpt.extra.get("train_state", {}))
-    else:
-        mcfg = ModelConfig(src_vocab_size=tok.source.get_piece_size(),
-                           tgt_vocab_size=tok.target.get_piece_size(), **(model_config or {}))
-        model = RNNSearch(mcfg)
-    opt = torch.optim.Adam(model.parameters(), lr=config.lr)
-    sched = torch.optim.lr_scheduler.ReduceLROnPlateau(opt, mode="max", factor=0.5, patience=2)
-    if resume is not None and "optimizer" in ckpt.extra:
-        opt.load_state_dict(ckpt.extra["optimizer"])
-        sched.load_state_dict(ckpt.extra["scheduler"])
+    model, opt, sched, state = _start(tok, model_config, config, resume)
     out_dir.mkdir(parents=True, exist_ok=True)
-    log(f"model: {model.num_parameters() / 1e6:.2f}M parameters {asdict(mcfg)}")
-    log(f"data: {len(train_data)} train, {len(valid_data)} valid examples")
+    log(f"model: {model.num_parameters() / 1e6:.2f}M parameters {asdict(model.config)}; "
+        f"data: {len(train_data)} train, {len(valid_data)} valid examples")
 
     def checkpoint(path: Path) -> None:
         save_checkpoint(path, model, sp_files, extra={
@@ -171,8 +183,7 @@ def train(corpus_dir: Path, tokenizer_dir: Path, out_dir: Path, *, model_config:
             f"valid loss {v_loss:.3f} ppl {math.exp(v_loss):.1f} greedy BLEU {v_bleu:.2f}"
             f"{' (best)' if improved else ''} lr {opt.param_groups[0]['lr']:.2e}")
 
-    start = time.monotonic() - state["elapsed"]
-    last_valid = time.monotonic()
+    start, last_valid = time.monotonic() - state["elapsed"], time.monotonic()
     model.train()
     rng = random.Random(config.seed + state["epoch"])
     out_of_time = False
@@ -181,11 +192,7 @@ def train(corpus_dir: Path, tokenizer_dir: Path, out_dir: Path, *, model_config:
         bar = tqdm(batches, desc=f"epoch {state['epoch'] + 1}", mininterval=10, leave=False)
         tokens_seen, t0 = 0, time.monotonic()
         for idx in bar:
-            loss, n = loss_on(model, collate([train_data[i] for i in idx]), config.label_smoothing)
-            opt.zero_grad(set_to_none=True)
-            (loss / n).backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), config.clip_norm)
-            opt.step()
+            loss, n = _update(model, opt, collate([train_data[i] for i in idx]), config)
             state["step"] += 1
             tokens_seen += n
             bar.set_postfix(loss=f"{loss.item() / n:.3f}",

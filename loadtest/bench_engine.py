@@ -60,6 +60,7 @@ BATCH_SIZES = (1, 8, 32, 64)
 BEAMS = (1, 5)
 MAX_LEN, MAX_RATIO, LENGTH_PENALTY = 200, 3.0, 1.0  # the same limits on both sides
 FLOPS_BATCH = 64
+PROFILE_SHAPES = ((1, 128), (4, 32), (5, 32))  # (beam, texts per batch): 128 rows, and beam 5's 160
 RESULTS = Path(__file__).parent / "results"
 
 
@@ -229,6 +230,30 @@ def write(results: dict, args: argparse.Namespace) -> None:
     print("\n".join(lines))
 
 
+def profile_steps(args: argparse.Namespace) -> None:
+    """``--profile``: time inside ``Runtime.step`` against the whole ``Batch.step``."""
+    from step_profile import profile, table
+
+    with args.test_split.open(encoding="utf-8") as f:
+        sources = [json.loads(line)["src_raw"] for line in f if line.strip()][: args.max_sentences]
+    profiles = []
+    for precision in ("fp32", "int8"):
+        engine = Engine(args.repository, precision=precision, intra_op_threads=args.threads)
+        for beam, texts in PROFILE_SHAPES:
+            profile(engine, sources[:texts], beam=beam, texts=texts, max_len=MAX_LEN, max_ratio=MAX_RATIO)
+            profiles.append(profile(engine, sources, beam=beam, texts=texts, max_len=MAX_LEN,
+                                    max_ratio=MAX_RATIO))
+    lines = ["# Where a decoder step's time goes", "",
+             f"`python loadtest/bench_engine.py {args.repository} {args.checkpoint} {args.test_split} --profile "
+             f"--threads {args.threads} --max-sentences {args.max_sentences}`; {len(sources)} sentences; "
+             f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs; onnxruntime "
+             f"{onnxruntime.__version__}. Medians over every step. Outside ONNX Runtime: "
+             "(Batch.step - Runtime.step) / Runtime.step.", "", *table(profiles)]
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "bench_engine_profile.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("repository", type=Path, help="models/<name>/<version>")
@@ -240,7 +265,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, default=RESULTS, help="where bench_engine.md/.json go")
     p.add_argument("--batch-sizes", type=lambda v: [int(x) for x in v.split(",")], default=list(BATCH_SIZES))
     p.add_argument("--beams", type=lambda v: [int(x) for x in v.split(",")], default=list(BEAMS))
+    p.add_argument("--profile", action="store_true",
+                   help="only the step profile: time in Runtime.step against the rest of a step")
     args = p.parse_args(argv)
+    if args.profile:
+        profile_steps(args)
+        return 0
     write(bench(args), args)
     return 0
 

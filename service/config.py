@@ -16,12 +16,22 @@ from pathlib import Path
 from typing import Callable, Mapping
 
 from service.options import Limits
-from service.scheduling.admission import SchedulerConfig
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_MODEL_REPOSITORY = REPO_ROOT / "models" / "en-fr" / "1"
 MAX_PORT = 65535
 LOG_LEVELS = ("debug", "info", "warning", "error")
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    """Batching budgets and admission control."""
+
+    max_rows: int = 128  # decoder rows per step
+    max_tokens: int = 8192  # rows x padded source length of the running batch
+    max_wait: float = 0.002  # seconds a queued text may wait for others to share its encoder run
+    max_queued_work: int = 200_000  # estimated rows x steps, queued or decoding
+    step_level: bool = True  # False: a new batch starts only when the running one is empty
 
 
 @dataclass(frozen=True)
@@ -109,7 +119,9 @@ FLAGS: list[tuple[str, Callable[[str], object], object, str]] = [
     ("--max-rows", _int_at_least(1), _DEFAULTS.max_rows, "decoder rows per step"),
     ("--max-tokens", _int_at_least(1), _DEFAULTS.max_tokens,
      "rows x padded source length of the running batch"),
-    ("--max-wait-ms", _seconds, _DEFAULTS.max_wait * 1000, "how long an idle batch waits to fill"),
+    ("--max-wait-ms", _seconds, _DEFAULTS.max_wait * 1000, "how long texts that arrive while a batch decodes wait for others to share their encoder run "
+     "(an idle batch starts at once under step-level batching; request-level: how long a new batch "
+     "waits to fill)"),
     ("--max-queued-work", _int_at_least(1), _DEFAULTS.max_queued_work,
      "estimated rows x steps queued or decoding; above it RESOURCE_EXHAUSTED"),
     ("--batching", _choice("step", "request"), "step",

@@ -13,7 +13,8 @@ decoder rows per step, sentences of 3 to 200 pieces):
 - ``ENGINE_SECONDS`` (encode per ``add``, decode per step): 0.1 ms (a few rows)
   to 0.5 s (hundreds of rows, long sources, int8 off, slow CPU).
 - ``ROWS``: powers of two up to 512, the useful range of ``--max-rows``.
-- ``RATIO``: padding ratio = padded / total source tokens in a step, 0..1 by tenths.
+- ``RATIO``: padding ratio = padding columns / all source columns of a step's rows
+  ((padded - real) / padded), 0..1 by tenths.
 - ``TOKENS``: powers of two up to 512 pieces (source limit 200, target cap 512);
   also used for decoder steps per request, which cannot exceed the target cap.
 """

@@ -1,8 +1,15 @@
-"""Decoding options, named once (proto, Python, docs), validated in one function."""
+"""Decoding options, named once (proto, Python, docs), and the one request validation.
+
+``validate_request`` is called once per request by the front end
+(``service.api``); everything after it trusts the options. The maximum target
+length has one rule, ``max_target_length``, used by the service and by the
+PyTorch reference search (``export.search``).
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Sequence
 
 from service.errors import invalid
 
@@ -19,6 +26,12 @@ class Limits:
     max_texts: int = 64  # texts per request
 
 
+def max_target_length(source_length: int, *, max_decoding_length: int, max_length_ratio: float) -> int:
+    """Target tokens (EOS excluded) allowed for a source of ``source_length`` pieces
+    (EOS included): ``min(max_decoding_length, int(ratio * source_length) + 5)``, at least 1."""
+    return max(1, min(max_decoding_length, int(max_length_ratio * source_length) + 5))
+
+
 @dataclass(frozen=True)
 class DecodingOptions:
     """Per-request decoding options (the proto's ``DecodingOptions``)."""
@@ -33,11 +46,33 @@ class DecodingOptions:
 
     def max_target_length(self, source_length: int) -> int:
         """Target tokens allowed for a source of ``source_length`` pieces."""
-        return max(1, min(self.max_decoding_length, int(self.max_length_ratio * source_length) + 5))
+        return max_target_length(source_length, max_decoding_length=self.max_decoding_length,
+                                 max_length_ratio=self.max_length_ratio)
 
 
-def validate_options(options: DecodingOptions, limits: Limits) -> DecodingOptions:
-    """Return ``options`` if every field is within ``limits``; raise INVALID_ARGUMENT otherwise."""
+def validate_request(texts: Sequence[str], options: DecodingOptions, limits: Limits) -> DecodingOptions:
+    """Check a request's texts and options against ``limits``, in field order; return the
+    options. Raises INVALID_ARGUMENT naming the field, the limit and the value."""
+    if not texts:
+        raise invalid("texts", "at least one text", 0)
+    if len(texts) > limits.max_texts:
+        raise invalid("texts", f"at most {limits.max_texts} texts", len(texts))
+    for index, text in enumerate(texts):
+        _check_text(text, index, limits)
+    _check_options(options, limits)
+    return options
+
+
+def _check_text(text: str, index: int, limits: Limits) -> None:
+    """Reject an empty, whitespace-only or oversized text (before tokenizing)."""
+    field = f"texts[{index}]"
+    if not text.strip():
+        raise invalid(field, "a non-empty, non-whitespace string", text)
+    if len(text) > limits.max_text_chars:
+        raise invalid(f"{field} length", f"at most {limits.max_text_chars} characters", len(text))
+
+
+def _check_options(options: DecodingOptions, limits: Limits) -> None:
     if not 1 <= options.beam_size <= limits.max_beam_size:
         raise invalid("options.beam_size", f"between 1 and {limits.max_beam_size}", options.beam_size)
     if not 1 <= options.num_hypotheses <= options.beam_size:
@@ -51,14 +86,3 @@ def validate_options(options: DecodingOptions, limits: Limits) -> DecodingOption
     if not 0.0 < options.max_length_ratio <= limits.max_length_ratio:
         raise invalid("options.max_length_ratio", f"in (0, {limits.max_length_ratio}]",
                       options.max_length_ratio)
-    return options
-
-
-def validate_text(text: str, index: int, limits: Limits) -> str:
-    """Reject an empty, whitespace-only or oversized text (before tokenizing)."""
-    field = f"texts[{index}]"
-    if not text.strip():
-        raise invalid(field, "a non-empty, non-whitespace string", text)
-    if len(text) > limits.max_text_chars:
-        raise invalid(f"{field} length", f"at most {limits.max_text_chars} characters", len(text))
-    return text

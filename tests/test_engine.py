@@ -14,11 +14,11 @@ import pytest
 
 from conftest import TINY_SENTENCES
 from service.text import placeholders
-from service.decoding.batch import _compact_order
+from service.decoding.layout import compact_order as _compact_order
 from service.decoding.engine import Engine
 from service.errors import ErrorKind, ModelRepositoryError, NmtError
 from service.models.manifest import MANIFEST, checksums, write_manifest
-from service.options import DecodingOptions, Limits
+from service.options import DecodingOptions, Limits, validate_request
 from service.errors import ProviderUnavailableError
 
 PARITY_SHARE = 0.995  # the acceptance threshold: identical outputs on the test split
@@ -47,12 +47,16 @@ def mixed_options(i: int) -> DecodingOptions:
 
 @pytest.fixture(scope="module")
 def alone(engine: Engine, test_sources: list[str]) -> list:
-    """Each of the first 120 test sentences decoded on its own."""
-    return [engine.translate([s], mixed_options(i))[0] for i, s in enumerate(test_sources[:120])]
+    """Each of the first 120 test sentences decoded on its own (``Decoded``: token ids)."""
+    return [engine.decode([engine.prepare(s, mixed_options(i), 0)])[0] for i, s in enumerate(test_sources[:120])]
 
 
-def outputs(translation) -> list[tuple[tuple[str, ...], float]]:
-    return [(h.tokens, h.score) for h in translation.hypotheses]
+def outputs(decoded) -> list[tuple[tuple[int, ...], float]]:
+    return [(h.tokens, h.score) for h in decoded.hypotheses]
+
+
+def decode_alone(engine: Engine, text: str, options: DecodingOptions = DecodingOptions()):
+    return engine.decode([engine.prepare(text, options, 0)])[0]
 
 
 @pytest.mark.parametrize("beam", [1, 5])
@@ -127,8 +131,8 @@ def test_a_text_joins_after_a_longer_one_left(engine: Engine) -> None:
     batch.add([(2, joining)])
     while batch.live_rows:
         results.update(batch.step())
-    assert outputs(results[0]) == outputs(engine.translate(["1 2 3 4 5 6 7 8"])[0])
-    assert outputs(results[2]) == outputs(engine.translate(["4 5 6"])[0])
+    assert outputs(results[0]) == outputs(decode_alone(engine, "1 2 3 4 5 6 7 8"))
+    assert outputs(results[2]) == outputs(decode_alone(engine, "4 5 6"))
 
 
 @pytest.mark.parametrize("sizes, keep, order, moved", [
@@ -174,17 +178,20 @@ def test_removing_a_text_frees_its_rows(engine: Engine, test_sources: list[str],
 
 
 def test_prefix_grows_into_the_greedy_result(engine: Engine) -> None:
-    text = "1 2 3 4 5 6 7 8"
+    prepared = engine.prepare("1 2 3 4 5 6 7 8", DecodingOptions(), 0)
     batch = engine.new_batch()
-    batch.add([("k", engine.prepare(text, DecodingOptions(), 0))])
+    batch.add([((0, 0), prepared)])
     prefixes, done = [], []
     while not done:
-        prefixes.append(batch.prefix("k"))
+        prefixes.append(batch.prefix((0, 0)))
         done = batch.step()
-    final = done[0][1].hypotheses[0].text
-    assert final == "8 7 6 5 4 3 2 1"
-    assert prefixes[0] == "" and all(final.startswith(p) for p in prefixes)
-    assert len(set(prefixes)) > 4  # it streams
+    final = list(done[0][1].hypotheses[0].tokens)
+    assert prefixes[0] == [] and all(final[: len(p)] == p for p in prefixes)
+    text = engine.translation(prepared, done[0][1]).hypotheses[0].text
+    assert text == "8 7 6 5 4 3 2 1"
+    partial = [engine.partial_text(prepared, p) for p in prefixes]
+    assert all(text.startswith(p) for p in partial)
+    assert len(set(partial)) > 4  # it streams
 
 
 def test_int8_graphs_are_selectable_and_sensible(reversal_repository: Path, engine: Engine,
@@ -266,7 +273,9 @@ LONG = " ".join(["7"] * 300)
 ])
 def test_bad_input_names_field_limit_and_value(engine: Engine, text: str, options: DecodingOptions,
                                                match: str) -> None:
+    """The request's one validation, then the model's source-length check at tokenizing."""
     with pytest.raises(NmtError, match=match) as err:
+        validate_request([text], options, engine.limits)
         engine.prepare(text, options, 0)
     assert err.value.kind is ErrorKind.INVALID_ARGUMENT
 

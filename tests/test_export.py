@@ -13,7 +13,8 @@ import pytest
 import torch
 from onnx import TensorProto, helper, numpy_helper
 
-from export import quantize, verify
+from export import parity, quantize, verify
+from service.decoding.runtime import Runtime
 from export.cli import export_main, verify_main
 from export.onnx_export import export_repository
 from service.errors import ModelRepositoryError
@@ -64,21 +65,21 @@ def test_export_writes_the_contract(tiny_repository: Path) -> None:
 
 def test_int8_step_is_batch_invariant(tiny_repository: Path) -> None:
     """A row decoded alone, or inside padded batches of any size, gives bit-identical outputs."""
-    graphs = verify.Graphs(load_manifest(tiny_repository), "int8")
+    runtime = Runtime(load_manifest(tiny_repository), precision="int8", provider="cpu", intra_op_threads=1)
     rng = np.random.default_rng(5)
     src, lengths = verify.random_batch(rng, batch=9, src_len=11, vocab_size=40)  # (batch, src_len)
-    annotations, keys, state = graphs.encode(src, lengths)
+    annotations, keys, state = parity.encode(runtime, src, lengths)
     prev = rng.integers(verify.FIRST_ID, 40, size=len(src))  # (rows,)
     args = (prev, state, annotations, keys, src != 0)
-    together = graphs.step(*args, k=3)
+    together = parity.run_step(runtime, *args, k=3)
     for rows in ([4], [4, 0], [7, 4, 2, 8]):  # row 4 alone, then among others in other orders
-        part = graphs.step(*(a[rows] for a in args), k=3)
+        part = parity.run_step(runtime, *(a[rows] for a in args), k=3)
         for name, value in part.items():
             assert np.array_equal(value[rows.index(4)], together[name][4]), name
     n = int(lengths[4])  # without the batch's padding too: its own source length
-    enc_alone = graphs.encode(src[4:5, :n], lengths[4:5])
+    enc_alone = parity.encode(runtime, src[4:5, :n], lengths[4:5])
     assert all(np.array_equal(a[0], t[4, :n]) for a, t in zip(enc_alone[:2], (annotations, keys)))
-    alone = graphs.step(prev[4:5], enc_alone[2], enc_alone[0], enc_alone[1], src[4:5, :n] != 0, k=3)
+    alone = parity.run_step(runtime, prev[4:5], enc_alone[2], enc_alone[0], enc_alone[1], src[4:5, :n] != 0, k=3)
     for name in ("log_probs", "next_state", "topk_ids"):
         assert np.array_equal(alone[name][0], together[name][4]), name
 

@@ -9,12 +9,13 @@ from typing import Hashable, Sequence
 
 import pytest
 
-from service.scheduling.admission import SchedulerConfig, SchedulerState
+from service.config import SchedulerConfig
 from service.errors import ErrorKind, NmtError
-from service.interface import Hypothesis, Prepared, Translation
+from service.interface import Decoded, Final, Finished, Hypothesis, Partial, Prepared, Translation
 from service.metrics import Metrics
 from service.options import DecodingOptions
-from service.scheduling.scheduler import Partial, Scheduler
+from service.scheduling.admission import SchedulerState
+from service.scheduling.scheduler import Scheduler
 
 
 def prep(steps: int = 3, *, length: int = 4, beam: int = 1) -> Prepared:
@@ -181,7 +182,7 @@ class FakeBatch:
         for key, p in items:
             self.live[key] = [p, 0]
 
-    def step(self) -> list[tuple[Hashable, Translation]]:
+    def step(self) -> list[tuple[Hashable, Decoded]]:
         self.engine.record("step", self.live_rows)
         if self.engine.fail:
             raise RuntimeError("onnxruntime exploded")
@@ -191,8 +192,8 @@ class FakeBatch:
             item[1] += 1
             if item[1] >= int(item[0].text):
                 del self.live[key]
-                hyp = Hypothesis(text=f"t{item[0].text}", score=-1.0, tokens=("t",) * item[1])
-                done.append((key, Translation(hypotheses=(hyp,), source_tokens=("x",), steps=item[1])))
+                hyp = Finished(tokens=(7,) * item[1], score=-1.0, length=item[1], normalized=-1.0)
+                done.append((key, Decoded(hypotheses=(hyp,), steps=item[1])))
         return done
 
     def remove(self, keys: Sequence[Hashable]) -> None:
@@ -200,8 +201,8 @@ class FakeBatch:
         for key in keys:
             del self.live[key]
 
-    def prefix(self, key: Hashable) -> str:
-        return "a" * self.live[key][1]
+    def prefix(self, key: Hashable) -> list[int]:
+        return [7] * self.live[key][1]
 
     @property
     def live_rows(self) -> int:
@@ -217,7 +218,8 @@ class FakeEngine:
     def __init__(self, step_seconds: float = 0.0) -> None:
         self.step_seconds, self.fail = step_seconds, False
         self.calls: list[tuple[str, object]] = []
-        self.threads: set[str] = set()
+        self.threads: set[str] = set()  # threads that ran the batch
+        self.rendered: set[str] = set()  # threads that made text
 
     def record(self, what: str, arg: object) -> None:
         self.calls.append((what, arg))
@@ -225,6 +227,15 @@ class FakeEngine:
 
     def new_batch(self) -> FakeBatch:
         return FakeBatch(self)
+
+    def translation(self, prepared: Prepared, decoded: Decoded) -> Translation:
+        self.rendered.add(threading.current_thread().name)
+        best = decoded.hypotheses[0]
+        hyp = Hypothesis(text=f"t{prepared.text}", score=best.score, tokens=("t",) * len(best.tokens))
+        return Translation(hypotheses=(hyp,), source_tokens=("x",), steps=decoded.steps)
+
+    def partial_text(self, prepared: Prepared, ids: Sequence[int]) -> str:
+        return "a" * len(ids)
 
 
 def run_with(engine: FakeEngine, cfg: SchedulerConfig, body):  # body(scheduler) -> coroutine
@@ -247,6 +258,7 @@ def test_translate_answers_in_order_from_one_engine_thread() -> None:
     result, scheduler = run_with(engine, config(), lambda s: s.translate([prep(5), prep(1), prep(3)]))
     assert [t.hypotheses[0].text for t in result] == ["t5", "t1", "t3"]
     assert len(engine.threads) == 1 and threading.main_thread().name not in engine.threads
+    assert engine.rendered == {threading.main_thread().name}  # text is made on the event loop
     assert sample(scheduler, "nmt_batch_rows_sum") == 3 + 2 + 2 + 1 + 1  # texts leave as they finish
     assert sample(scheduler, "nmt_generated_tokens_total") == 9
     assert sample(scheduler, "nmt_inflight_rows") == 0
@@ -369,4 +381,5 @@ def test_stream_sends_growing_prefixes_then_the_translations() -> None:
         return [event async for event in s.stream([prep(3), prep(1)])]
     events, _ = run_with(FakeEngine(), config(), body)
     assert events[:-1] == [Partial(("a", "t1")), Partial(("aa", "t1"))]
-    assert [t.hypotheses[0].text for t in events[-1]] == ["t3", "t1"]
+    assert isinstance(events[-1], Final)
+    assert [t.hypotheses[0].text for t in events[-1].translations] == ["t3", "t1"]

@@ -1,4 +1,5 @@
-"""The per-step beam choice and the per-text search state, on scripted probability tables."""
+"""Beam search on scripted probability tables: the batched ``choose`` over several texts,
+``apply``, and the serving ``Batch`` itself driven by a scripted runtime (no model)."""
 
 from __future__ import annotations
 
@@ -7,16 +8,20 @@ import math
 import numpy as np
 import pytest
 
-from service.decoding.search import (NEG_INF, SearchConfig, TextSearch, beam_step, normalized_score,
-                            top_continuations)
+from service.decoding.batch import Batch
+from service.decoding.runtime import EncoderOutput, StepOutput
+from service.decoding.search import NEG_INF, apply, choose, normalized_score
+from service.interface import Prepared, SpecialIds
+from service.options import DecodingOptions
 
-EOS, BOS = 3, 2
+SPECIAL = SpecialIds()
+EOS, VOCAB = SPECIAL.eos, 8
 LOG = math.log
 
 
-def table(*rows: dict[int, float], vocab: int = 8) -> np.ndarray:
+def table(*rows: dict[int, float]) -> np.ndarray:
     """Log-prob rows from {token: probability}; unlisted tokens get -inf."""
-    out = np.full((len(rows), vocab), NEG_INF, dtype=np.float32)
+    out = np.full((len(rows), VOCAB), NEG_INF, dtype=np.float32)
     for r, probs in enumerate(rows):
         for tok, p in probs.items():
             out[r, tok] = LOG(p)
@@ -25,176 +30,177 @@ def table(*rows: dict[int, float], vocab: int = 8) -> np.ndarray:
 
 def topk(log_probs: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
     """What the decoder graph returns: top-k sorted descending, ties lower id first."""
-    ids = np.argsort(-log_probs, axis=1, kind="stable")[:, :k]
-    return np.take_along_axis(log_probs, ids, axis=1), ids.astype(np.int64)
+    ids = np.argsort(-log_probs, axis=-1, kind="stable")[..., :k]
+    return np.take_along_axis(log_probs, ids, axis=-1), ids.astype(np.int64)
 
 
-def triples(c) -> list[tuple[float, int, int]]:
-    return [(round(s, 6), t, r) for s, t, r in zip(c.scores.tolist(), c.tokens.tolist(), c.rows.tolist())]
+def candidates(choice, text: int) -> list[tuple[float, int, int]]:
+    return [(round(s, 6), t, r) for s, t, r in zip(choice.scores[text].tolist(), choice.tokens[text].tolist(),
+                                                     choice.rows[text].tolist())]
 
 
-@pytest.mark.parametrize("scores, rows, count, expected", [
-    # one row: tokens by probability
-    ([0.0], [{4: 0.5, 5: 0.3, 6: 0.2}], 2, [(LOG(0.5), 4, 0), (LOG(0.3), 5, 0)]),
-    # the running score decides across rows
-    ([LOG(0.5), LOG(0.1)], [{4: 0.5, 5: 0.5}, {6: 1.0}],
-     3, [(LOG(0.25), 4, 0), (LOG(0.25), 5, 0), (LOG(0.1), 6, 1)]),
-    # exact ties: lower row first, then lower token id
-    ([0.0, 0.0], [{5: 0.5, 4: 0.5}, {4: 0.5, 6: 0.5}],
-     4, [(LOG(0.5), 4, 0), (LOG(0.5), 5, 0), (LOG(0.5), 4, 1), (LOG(0.5), 6, 1)]),
-])
-def test_top_continuations_table(scores, rows, count, expected) -> None:
-    got = top_continuations(np.array(scores), table(*rows), count=count)
-    assert triples(got) == [(round(s, 6), t, r) for s, t, r in expected]
+def test_choose_ranks_several_texts_at_once_like_each_alone() -> None:
+    texts = [([0.0, 0.0], table({5: 0.5, 4: 0.5}, {4: 0.5, 6: 0.5})),  # exact ties: row, then id
+             ([LOG(0.5), LOG(0.1)], table({4: 0.5, 5: 0.5}, {6: 1.0})),  # running scores decide
+             ([0.0, LOG(0.2)], table({EOS: 0.6, 4: 0.4}, {EOS: 0.5, 7: 0.5}))]  # EOS among the best
+    scores = np.array([s for s, _ in texts])
+    full = np.stack([t for _, t in texts])
+    together = choose(scores, full, beam_size=2, eos_id=EOS)
+    lp, ids = topk(full, 4)
+    from_topk = choose(scores, lp, beam_size=2, eos_id=EOS, token_ids=ids)
+    for n, (s, t) in enumerate(texts):
+        alone = choose(np.array([s]), t[None], beam_size=2, eos_id=EOS)
+        assert candidates(together, n) == candidates(alone, 0) == candidates(from_topk, n)
+    assert candidates(together, 0) == [(round(LOG(0.5), 6), 4, 0), (round(LOG(0.5), 6), 5, 0),
+                                       (round(LOG(0.5), 6), 4, 1), (round(LOG(0.5), 6), 6, 1)]
+    assert candidates(together, 1)[:3] == [(round(LOG(0.25), 6), 4, 0), (round(LOG(0.25), 6), 5, 0),
+                                           (round(LOG(0.1), 6), 6, 1)]
+    # text 2: "EOS" (.6) finishes; live are the first two non-EOS candidates: "4" (.4), "7" (.1)
+    assert together.finished[2].tolist() == [True, False]
+    assert together.live_tokens[2].tolist() == [4, 7] and together.live_rows[2].tolist() == [0, 1]
 
 
-def test_top_k_input_gives_the_same_choice_as_the_whole_vocabulary() -> None:
-    rng = np.random.default_rng(0)
-    log_probs = np.log(rng.dirichlet(np.ones(50), size=4)).astype(np.float32)
-    scores = np.array([-0.5, -1.0, -1.2, -3.0])
-    full = top_continuations(scores, log_probs, count=8)
-    lp, ids = topk(log_probs, 8)
-    assert triples(top_continuations(scores, lp, count=8, token_ids=ids)) == triples(full)
+def test_first_step_looks_at_row_zero_only() -> None:
+    same = np.stack([table({4: 0.5, 5: 0.3, 6: 0.2}, {4: 0.5, 5: 0.3, 6: 0.2})] * 2)  # 2 texts
+    c = choose(np.zeros((2, 2)), same, beam_size=2, eos_id=EOS, first_step=np.array([True, False]))
+    assert c.live_rows[0].tolist() == [0, 0] and c.live_tokens[0].tolist() == [4, 5]
+    assert c.live_rows[1].tolist() == [0, 1] and c.live_tokens[1].tolist() == [4, 4]
 
 
-def test_ties_at_the_cut_keep_the_lowest_row_and_token() -> None:
-    uniform = np.full((2, 100), LOG(0.01), dtype=np.float32)  # 200 equal candidates
-    got = top_continuations(np.zeros(2), uniform, count=3)
-    assert list(zip(got.rows.tolist(), got.tokens.tolist())) == [(0, 0), (0, 1), (0, 2)]
+def test_greedy_takes_the_second_candidate_when_the_first_is_eos() -> None:
+    lp, ids = topk(np.stack([table({EOS: 0.6, 4: 0.4}), table({5: 0.7, EOS: 0.3})]), 2)
+    c = choose(np.zeros((2, 1)), lp, beam_size=1, eos_id=EOS, token_ids=ids)
+    assert c.finished[:, 0].tolist() == [True, False]
+    assert c.live_tokens[:, 0].tolist() == [4, 5]
 
 
-def test_first_step_uses_row_zero_only() -> None:
-    same = table(*[{4: 0.5, 5: 0.3, 6: 0.2}] * 3)
-    step = beam_step(np.zeros(3), same, beam_size=3, eos_id=EOS, first_step=True)
-    assert step.live.rows.tolist() == [0, 0, 0]
-    assert step.live.tokens.tolist() == [4, 5, 6]
-    # without the rule every row would contribute the same candidates
-    assert beam_step(np.zeros(3), same, beam_size=3, eos_id=EOS).live.rows.tolist() == [0, 1, 2]
+def test_apply_gives_batch_rows_and_the_eos_hypotheses() -> None:
+    full = np.stack([table({4: 0.9, 5: 0.1}, {6: 1.0}), table({EOS: 0.6, 4: 0.4}, {EOS: 0.5, 7: 0.5})])
+    c = choose(np.array([[0.0, LOG(0.5)], [0.0, LOG(0.2)]]), full, beam_size=2, eos_id=EOS)
+    applied = apply(c, np.array([10, 20]))  # the texts' blocks start at batch rows 10 and 20
+    assert applied.parents.tolist() == [10, 11, 20, 21]
+    assert applied.tokens.tolist() == [4, 6, 4, 7]
+    assert applied.ended == [(1, 20, pytest.approx(LOG(0.6)))]
 
 
-@pytest.mark.parametrize("rows, beam, live, finished", [
-    # EOS ranked first: finished; the next beam_size non-EOS candidates stay live
-    ([{EOS: 0.5, 4: 0.3, 5: 0.2}], 2, [(LOG(0.3), 4, 0), (LOG(0.2), 5, 0)], [(LOG(0.5), EOS, 0)]),
-    # EOS ranked beyond beam_size: ignored
-    ([{4: 0.5, 5: 0.3, EOS: 0.2}], 2, [(LOG(0.5), 4, 0), (LOG(0.3), 5, 0)], []),
-    # greedy: EOS best -> finished, nothing live
-    ([{EOS: 0.6, 4: 0.4}], 1, [(LOG(0.4), 4, 0)], [(LOG(0.6), EOS, 0)]),
-])
-def test_beam_step_eos_table(rows, beam, live, finished) -> None:
-    step = beam_step(np.zeros(1), table(*rows), beam_size=beam, eos_id=EOS)
-    rnd = [(round(s, 6), t, r) for s, t, r in live]
-    assert triples(step.live) == rnd
-    assert triples(step.finished) == [(round(s, 6), t, r) for s, t, r in finished]
+class ScriptedRuntime:
+    """A decoder whose log-probs come from a script: ``scripts[text][step]`` is a table with
+    one row per live beam of that text (the first source id names the text). Its state row is
+    (text, step); its attention row at step i and beam j is (i, j, 0, ...), so a path can be read."""
+
+    def __init__(self, scripts: dict[int, list[np.ndarray]]) -> None:
+        self.scripts = scripts
+
+    def encode(self, src: np.ndarray, lengths: np.ndarray) -> EncoderOutput:
+        batch, width = src.shape
+        return EncoderOutput(annotations=np.zeros((batch, width, 1), np.float32),
+                             keys=np.zeros((batch, width, 1), np.float32),
+                             init_state=np.stack([src[:, 0], np.zeros(batch, np.int64)], axis=1))
+
+    def state(self, state):
+        return state
+
+    host_state = state
+
+    def gather_state(self, state, index):
+        return state[index]
+
+    def context(self, *arrays):
+        return arrays
+
+    def step(self, prev, state, context, k) -> StepOutput:
+        log_probs = np.full((len(prev), VOCAB), NEG_INF, dtype=np.float32)
+        attention = np.zeros((len(prev), context[2].shape[1]), np.float32)
+        for text in np.unique(state[:, 0]):
+            rows = np.flatnonzero(state[:, 0] == text)
+            i = int(state[rows[0], 1])
+            log_probs[rows] = self.scripts[int(text)][i][: len(rows)]
+            attention[rows, 0], attention[rows, 1] = i, np.arange(len(rows))
+        lp, ids = topk(log_probs, k)
+        return StepOutput(topk_log_probs=lp, topk_ids=ids, attention=attention,
+                          next_state=state + np.array([0, 1]))
 
 
-def test_eos_from_several_rows_still_leaves_beam_size_live() -> None:
-    rows = table({EOS: 0.9, 4: 0.1}, {EOS: 0.8, 5: 0.2})
-    step = beam_step(np.array([0.0, -0.1]), rows, beam_size=2, eos_id=EOS)
-    assert step.finished.rows.tolist() == [0, 1]
-    assert step.live.tokens.tolist() == [5, 4]  # -0.1 + log .2 > log .1
+def prepared(text: int, **options) -> Prepared:
+    ids = (text + 10, 5, 6, EOS)  # 4 source pieces (ids >= 10 name the text)
+    return Prepared(text="", source_ids=ids, source_pieces=tuple(map(str, ids)), placeholders=(),
+                    options=DecodingOptions(**options))
 
 
-def config(**kw) -> SearchConfig:
-    base = dict(beam_size=2, num_hypotheses=2, length_penalty=0.0, max_length=10, bos_id=BOS, eos_id=EOS)
-    return SearchConfig(**{**base, **kw})
+def decode(scripts: dict[int, list[np.ndarray]], texts: dict[int, Prepared]) -> dict:
+    batch = Batch(ScriptedRuntime({t + 10: s for t, s in scripts.items()}), special=SPECIAL, vocab_size=VOCAB)
+    batch.add([((0, t), p) for t, p in texts.items()])
+    done, steps = {}, 0
+    while batch.live_rows:
+        done.update({key[1]: d for key, d in batch.step()})
+        steps += 1
+    return done
 
 
-def run(search: TextSearch, script: list[np.ndarray], attention: list[np.ndarray] | None = None) -> list:
-    """Feed scripted log-prob tables (one per step, rows = live rows) until done."""
-    parents = []
-    for i, log_probs in enumerate(script):
-        assert not search.done, f"done before step {i}"
-        assert log_probs.shape[0] == search.rows
-        lp, ids = topk(log_probs, search.config.top_k)
-        parents.append(search.advance(lp, ids, None if attention is None else attention[i]).tolist())
-    assert search.done
-    return parents
+FINISH = [table({4: 0.6, 5: 0.4}, {4: 0.6, 5: 0.4}),  # first step: row 0 only
+          table({EOS: 0.5, 6: 0.5}, {EOS: 0.9, 6: 0.1})]  # "4 EOS" (.3) and "5 EOS" (.36)
+PENALTY = [table({EOS: 0.45, 4: 0.55}, {EOS: 0.45, 4: 0.55}),  # "EOS" .45 at once
+           table({EOS: 0.4 / 0.55, 5: 1 - 0.4 / 0.55}, {EOS: 0.1, 5: 0.9})]  # "4 EOS" .4
+LIMIT = [table({4: 0.6, 5: 0.4}, {4: 0.6, 5: 0.4}), table({6: 0.5, 7: 0.5}, {6: 1.0})]
+GREEDY = [table({4: 0.6, 5: 0.4}), table({5: 0.7, EOS: 0.3}), table({EOS: 0.9, 4: 0.1})]
 
 
-def test_text_search_finishes_with_beam_size_hypotheses() -> None:
-    s = TextSearch(config())
-    run(s, [table({4: 0.6, 5: 0.4}, {4: 0.6, 5: 0.4}),  # first step: row 0 only
-            table({EOS: 0.5, 6: 0.5}, {EOS: 0.9, 6: 0.1}),  # "4 EOS" (.3) and "5 EOS" (.36)
-            ])
-    assert s.steps == 2
-    assert [(f.tokens, f.length) for f in s.best()] == [((5,), 2), ((4,), 2)]
-    assert s.best()[0].score == pytest.approx(LOG(0.4 * 0.9))
-
-
-def test_length_penalty_ranks_finished_hypotheses() -> None:
-    script = [table({EOS: 0.3, 4: 0.7}, {EOS: 0.3, 4: 0.7}),  # "EOS" (.3) finishes at once
-              table({4: 0.9, 5: 0.1}, {4: 0.9, 5: 0.1}),
-              table({EOS: 0.8, 6: 0.2}, {EOS: 0.7, 6: 0.3})]  # "4 4 EOS" .504
-    ranked = {}
-    for penalty in (0.0, 1.0):
-        s = TextSearch(config(length_penalty=penalty))
-        run(s, script)
-        ranked[penalty] = [(f.tokens, round(f.normalized, 6)) for f in s.best()]
-    # "4 4 EOS": log .504 = -0.685 beats "EOS": log .3 = -1.204 with or without the penalty
-    assert ranked[0.0][0] == ((4, 4), round(LOG(0.7 * 0.9 * 0.8), 6))
-    assert ranked[1.0][0] == ((4, 4), round(LOG(0.7 * 0.9 * 0.8) / 3, 6))
-    assert ranked[1.0][1] == ((), round(LOG(0.3) / 1, 6))
-
-
-def test_length_penalty_can_prefer_the_longer_hypothesis() -> None:
-    # "EOS" at .45 vs "4 EOS" at .4: raw sum prefers the short one, penalty 1 the long one
-    script = [table({EOS: 0.45, 4: 0.55}, {EOS: 0.45, 4: 0.55}),
-              table({EOS: 0.4 / 0.55, 5: 1 - 0.4 / 0.55}, {EOS: 0.1, 5: 0.9})]
-    firsts = []
-    for penalty in (0.0, 1.0):
-        s = TextSearch(config(length_penalty=penalty))
-        run(s, script)
-        firsts.append(s.best()[0].tokens)
-    assert firsts == [(), (4,)]
+def test_several_texts_with_their_own_options_decode_in_one_batch() -> None:
+    two = dict(beam_size=2, num_hypotheses=2)
+    done = decode({0: FINISH, 1: PENALTY, 2: PENALTY, 3: LIMIT, 4: GREEDY},
+                  {0: prepared(0, length_penalty=0.0, **two), 1: prepared(1, length_penalty=0.0, **two),
+                   2: prepared(2, length_penalty=1.0, **two),
+                   3: prepared(3, max_decoding_length=2, **two), 4: prepared(4)})
+    # beam_size finished hypotheses end a text; ranked by normalized score, EOS counted in length
+    assert [(f.tokens, f.length) for f in done[0].hypotheses] == [((5,), 2), ((4,), 2)]
+    assert done[0].hypotheses[0].score == pytest.approx(LOG(0.4 * 0.9)) and done[0].steps == 2
+    # the raw sum prefers "EOS" (.45), length penalty 1 prefers "4 EOS" (log .4 / 2)
+    assert [f.tokens for f in done[1].hypotheses] == [(), (4,)]
+    assert [f.tokens for f in done[2].hypotheses] == [(4,), ()]
+    assert done[2].hypotheses[0].normalized == pytest.approx(LOG(0.4) / 2)
+    # the length limit finishes the live hypotheses as they are, without EOS
+    assert [(f.tokens, f.length) for f in done[3].hypotheses] == [((5, 6), 2), ((4, 6), 2)]
+    assert done[3].hypotheses[0].score == pytest.approx(LOG(0.4))
+    # greedy is beam 1
+    assert done[4].hypotheses[0].tokens == (4, 5) and done[4].steps == 3
+    assert done[4].hypotheses[0].score == pytest.approx(LOG(0.6 * 0.7 * 0.9))
     assert normalized_score(-2.0, length=4, length_penalty=0.5) == pytest.approx(-1.0)
 
 
-def test_max_length_finishes_live_hypotheses_without_eos() -> None:
-    s = TextSearch(config(max_length=2, num_hypotheses=2))
-    run(s, [table({4: 0.6, 5: 0.4}, {4: 0.6, 5: 0.4}), table({6: 0.5, 7: 0.5}, {6: 1.0})])
-    best = s.best()
-    assert [(f.tokens, f.length) for f in best] == [((5, 6), 2), ((4, 6), 2)]
-    assert best[0].score == pytest.approx(LOG(0.4))
+def test_each_text_decodes_alone_as_in_the_batch() -> None:
+    scripts = {0: FINISH, 1: PENALTY, 3: LIMIT, 4: GREEDY}
+    texts = {0: prepared(0, beam_size=2, num_hypotheses=2), 1: prepared(1, beam_size=2),
+             3: prepared(3, beam_size=2, max_decoding_length=2), 4: prepared(4)}
+    together = decode(scripts, texts)
+    for t, p in texts.items():
+        alone = decode({t: scripts[t]}, {t: p})[t]
+        assert [(f.tokens, f.score) for f in alone.hypotheses] == [
+            (f.tokens, f.score) for f in together[t].hypotheses]
 
 
-def test_greedy_is_beam_one_and_returns_parent_rows() -> None:
-    s = TextSearch(config(beam_size=1, num_hypotheses=1))
-    parents = run(s, [table({4: 0.6, 5: 0.4}), table({5: 0.7, EOS: 0.3}), table({EOS: 0.9, 4: 0.1})])
-    assert parents == [[0], [0], []]
-    assert s.best()[0].tokens == (4, 5)
-    assert s.best()[0].score == pytest.approx(LOG(0.6 * 0.7 * 0.9))
-    general = beam_step(np.zeros(1), table({5: 0.5, 4: 0.5}), beam_size=1, eos_id=EOS)
-    g = TextSearch(config(beam_size=1, num_hypotheses=1))
-    lp, ids = topk(table({5: 0.5, 4: 0.5}), 1)
-    g.advance(lp, ids)
-    assert general.live.tokens.tolist() == g.prev_tokens.tolist() == [4]  # tie: lower id
+def test_backpointers_give_each_hypothesis_its_tokens_and_attention_path() -> None:
+    script = [table({4: 0.6, 5: 0.4}, {4: 0.6, 5: 0.4}),
+              table({6: 0.5, 7: 0.5}, {6: 0.9, 7: 0.1}),  # "5 6" .36 (row 1) beats "4 6" .3 (row 0)
+              table({EOS: 1.0}, {EOS: 1.0})]
+    done = decode({0: script, 1: GREEDY}, {0: prepared(0, beam_size=2, return_attention=True),
+                                           1: prepared(1, return_attention=True)})
+    best = done[0].hypotheses[0]
+    assert best.tokens == (5, 6) and best.length == 3
+    # rows read: step 0 row 0, step 1 row 1 (the "5"), step 2 row 0 (the "5 6", now first)
+    assert best.attention[:, :2].tolist() == [[0, 0], [1, 1], [2, 0]]
+    assert best.attention.shape == (3, 4)  # (length, src_len): EOS's row included
+    assert done[1].hypotheses[0].attention[:, :2].tolist() == [[0, 0], [1, 0], [2, 0]]
 
 
-def test_reordering_and_prefix_and_attention_follow_the_backpointers() -> None:
-    s = TextSearch(config(keep_attention=True))
-    att = [np.eye(2, 3, dtype=np.float32) + i for i in range(3)]  # row r of step i: distinct
-    lp, ids = topk(table({4: 0.6, 5: 0.4}, {4: 0.6, 5: 0.4}), 4)
-    assert s.advance(lp, ids, att[0]).tolist() == [0, 0]
-    lp, ids = topk(table({6: 0.5, 7: 0.5}, {6: 0.9, 7: 0.1}), 4)
-    # row 1 ("5", .4) -> "5 6" .36; row 0 ("4", .6) -> "4 6" .3, "4 7" .3
-    assert s.advance(lp, ids, att[1]).tolist() == [1, 0]
-    assert s.live_tokens() == [[5, 6], [4, 6]]
-    assert s.agreed_prefix() == []
-    lp, ids = topk(table({EOS: 1.0}, {EOS: 1.0}), 4)
-    assert s.advance(lp, ids, att[2]).size == 0
-    best = s.best()[0]
-    assert best.tokens == (5, 6)
-    # rows used: step 0 row 0, step 1 row 1 ("5"), step 2 row 0 ("5 6")
-    expected = np.stack([att[0][0], att[1][1], att[2][0]])
-    np.testing.assert_array_equal(best.attention, expected)
-    assert s.agreed_prefix() == [5, 6]
-
-
-def test_agreed_prefix_of_live_beams() -> None:
-    s = TextSearch(config())
-    lp, ids = topk(table({4: 1.0}, {4: 1.0}), 4)
-    s.advance(lp, ids)  # live: "4" and a -inf filler
-    lp, ids = topk(table({5: 0.6, 6: 0.4}, {5: 0.5, 6: 0.5}), 4)
-    s.advance(lp, ids)
-    assert s.live_tokens() == [[4, 5], [4, 6]]
-    assert s.agreed_prefix() == [4]
+def test_prefix_is_what_the_live_beams_agree_on() -> None:
+    script = [table({4: 1.0}, {4: 1.0}), table({5: 0.6, 6: 0.4}, {5: 0.5, 6: 0.5}),
+              table({EOS: 1.0}, {EOS: 1.0})]
+    batch = Batch(ScriptedRuntime({10: script}), special=SPECIAL, vocab_size=VOCAB)
+    batch.add([((0, 0), prepared(0, beam_size=2))])
+    seen = []
+    while batch.live_rows:
+        seen.append(batch.prefix((0, 0)))
+        batch.step()
+    # after step 1 the live beams are "4" and a -inf filler (another token): nothing agreed;
+    # after step 2 they are "4 5" and "4 6": "4"
+    assert seen == [[], [], [4]]

@@ -6,11 +6,10 @@ import dataclasses
 import math
 from typing import Any, Sequence
 
-from service.interface import Hypothesis, Prepared, Translation
+from service.interface import Hypothesis, Partial, Prepared, Translation
 from service.models.manifest import Manifest
 from service.options import DecodingOptions
 from service.proto.nmt.v1 import translation_pb2 as pb
-from service.scheduling.scheduler import Partial
 
 OPTION_FIELDS = tuple(f.name for f in dataclasses.fields(DecodingOptions))
 

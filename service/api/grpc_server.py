@@ -24,13 +24,12 @@ from grpc_reflection.v1alpha import reflection
 from service.api import convert
 from service.config import ConfigError, ServeConfig, parse
 from service.app import Model, ServedModels, load_engines
-from service.errors import ErrorKind, ModelRepositoryError, NmtError, ProviderUnavailableError, invalid
-from service.interface import Engine, Prepared
+from service.errors import ErrorKind, ModelRepositoryError, NmtError, ProviderUnavailableError
+from service.interface import Engine, Final, Partial, Prepared
 from service.metrics import Metrics, MetricsServer
-from service.options import validate_options
+from service.options import validate_request
 from service.proto.nmt.v1 import translation_pb2 as pb
 from service.proto.nmt.v1 import translation_pb2_grpc as pb_grpc
-from service.scheduling.scheduler import Partial
 
 log = logging.getLogger("nmt.server")
 
@@ -123,8 +122,8 @@ class TranslatorServicer(pb_grpc.TranslatorServicer):
                 async for event in events:
                     if isinstance(event, Partial):
                         yield convert.partial(event, prepared)
-                    else:
-                        yield convert.response(event)
+                    elif isinstance(event, Final):
+                        yield convert.response(event.translations)
             finally:
                 await events.aclose()
 
@@ -137,14 +136,9 @@ class TranslatorServicer(pb_grpc.TranslatorServicer):
                                    is_default=i == 0) for i, m in enumerate(self.app.models.all)])
 
     def _prepare(self, request: pb.TranslateRequest) -> tuple[Model, list[Prepared]]:
-        """Validate the whole request (field order) and tokenize its texts."""
-        limits = self.app.config.limits
-        if not request.texts:
-            raise invalid("texts", "at least one text", 0)
-        if len(request.texts) > limits.max_texts:
-            raise invalid("texts", f"at most {limits.max_texts} texts", len(request.texts))
+        """Validate the whole request (once, here), then tokenize its texts."""
+        options = validate_request(request.texts, convert.options(request.options), self.app.config.limits)
         model = self.app.models.get(request.model)
-        options = validate_options(convert.options(request.options), limits)
         return model, [model.engine.prepare(text, options, i) for i, text in enumerate(request.texts)]
 
     @asynccontextmanager

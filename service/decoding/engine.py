@@ -1,32 +1,34 @@
 """The decoding engine: a model repository on ONNX Runtime, greedy and beam search.
 
 ``Engine`` loads a repository (checksums verified), its tokenizers and the ONNX
-Runtime sessions of one precision on one provider; ``prepare`` validates and
-tokenizes a text; ``new_batch`` gives a running batch (``service.decoding.batch``) that
-the scheduler drives step by step; ``translate`` does it all for a list of
-texts. Search: ``service.decoding.search`` (fairseq-style beam search; greedy is beam 1;
-finished hypotheses ranked by ``score / length ** length_penalty``, length
-counting the EOS). Torch-free.
+Runtime sessions of one precision on one provider; ``prepare`` tokenizes a
+text of a validated request; ``new_batch`` gives a running batch
+(``service.decoding.batch``) that the scheduler drives step by step, in token
+ids; ``translation`` and ``partial_text`` turn ids into text
+(``service.text.render``); ``translate`` does it all for a list of texts.
+Search: ``service.decoding.search``. Torch-free.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Sequence
 
-from service.decoding.batch import Batch, SpecialIds
-from service.errors import ModelRepositoryError, invalid
-from service.interface import Prepared, Translation
-from service.models.manifest import Manifest, load_manifest
-from service.options import DecodingOptions, Limits, validate_options, validate_text
+from service.decoding.batch import Batch
 from service.decoding.runtime import PROVIDERS, Runtime
+from service.errors import ModelRepositoryError, invalid
+from service.interface import Decoded, Prepared, Translation
+from service.models.manifest import Manifest, load_manifest
+from service.options import DecodingOptions, Limits, validate_request
+from service.text import render
 from service.text.tokenizer import Tokenizer
 
 PRECISIONS = ("fp32", "int8")
 
 
 class Engine:
-    """What the scheduler needs from a model: ``prepare`` and ``new_batch`` (``service.interface``)."""
+    """What the scheduler needs from a model (``service.interface.Engine``)."""
 
     def __init__(self, manifest_or_path: Manifest | str | Path, *, precision: str = "fp32",
                  provider: str = "cpu", intra_op_threads: int | None = None,
@@ -39,7 +41,7 @@ class Engine:
                     else load_manifest(Path(manifest_or_path)))
         self.manifest, self.limits, self.precision = manifest, limits, precision
         self.tokenizer = _tokenizer(manifest)
-        self.special = _special_ids(manifest)
+        self.special = manifest.special
         self.vocab_size = int(manifest.model_config.get("tgt_vocab_size",
                                                         self.tokenizer.target.get_piece_size()))
         self.runtime = Runtime(manifest, precision=precision, provider=provider,
@@ -47,12 +49,11 @@ class Engine:
         self.max_source_tokens = min(limits.max_source_tokens, manifest.max_source_tokens)
 
     def prepare(self, text: str, options: DecodingOptions, index: int) -> Prepared:
-        """Validate options and text, tokenize with placeholder protection.
+        """Tokenize one text of a validated request, with placeholder protection.
 
-        Raises NmtError (INVALID_ARGUMENT) naming ``options.<field>`` or ``texts[index]``.
+        Raises NmtError (INVALID_ARGUMENT) naming ``texts[index]`` when the text has
+        more source tokens than the model takes.
         """
-        validate_options(options, self.limits)
-        validate_text(text, index, self.limits)
         encoded = self.tokenizer.encode(text)
         if len(encoded.ids) > self.max_source_tokens:
             raise invalid(f"texts[{index}]", f"at most {self.max_source_tokens} source tokens "
@@ -62,29 +63,35 @@ class Engine:
 
     def new_batch(self) -> Batch:
         """An empty running batch on this engine's sessions."""
-        return Batch(self.runtime, self.tokenizer, special=self.special, vocab_size=self.vocab_size)
+        return Batch(self.runtime, special=self.special, vocab_size=self.vocab_size)
+
+    def translation(self, prepared: Prepared, decoded: Decoded) -> Translation:
+        return render.translation(self.tokenizer, prepared, decoded)
+
+    def partial_text(self, prepared: Prepared, ids: Sequence[int]) -> str:
+        return render.partial_text(self.tokenizer, prepared, ids)
 
     def translate(self, texts: Sequence[str], options: DecodingOptions = DecodingOptions()
                   ) -> list[Translation]:
-        """Translate ``texts`` in one batch; results in input order."""
+        """Validate, then translate ``texts`` in one batch; results in input order. (Any
+        number of texts: ``Limits.max_texts`` bounds a request, not a batch.)"""
+        validate_request(texts, options, dataclasses.replace(self.limits, max_texts=max(1, len(texts))))
         prepared = [self.prepare(text, options, i) for i, text in enumerate(texts)]
+        return [self.translation(p, d) for p, d in zip(prepared, self.decode(prepared))]
+
+    def decode(self, prepared: Sequence[Prepared]) -> list[Decoded]:
+        """Decode prepared texts in one batch, in token ids; results in input order."""
         batch = self.new_batch()
-        batch.add(list(enumerate(prepared)))
-        results: dict[int, Translation] = {}
+        batch.add([((0, i), p) for i, p in enumerate(prepared)])
+        results: dict = {}
         while batch.live_rows:
             results.update(batch.step())
-        return [results[i] for i in range(len(texts))]
+        return [results[(0, i)] for i in range(len(prepared))]
 
 
 def _tokenizer(manifest: Manifest) -> Tokenizer:
     try:
-        return Tokenizer(manifest.path(manifest.source_tokenizer), manifest.path(manifest.target_tokenizer))
+        return Tokenizer(manifest.path(manifest.source_tokenizer), manifest.path(manifest.target_tokenizer),
+                         special=manifest.special)
     except ValueError as e:
         raise ModelRepositoryError(str(e)) from None
-
-
-def _special_ids(manifest: Manifest) -> SpecialIds:
-    try:
-        return SpecialIds(**{k: int(manifest.special_ids[k]) for k in ("pad", "bos", "eos")})
-    except (KeyError, TypeError, ValueError) as e:
-        raise ModelRepositoryError(f"{manifest.root}: special_ids lacks or mangles {e}") from None

@@ -62,10 +62,8 @@ def _session_options(intra_op_threads: int | None, *, spinning: bool = False) ->
     opts.log_severity_level = 3  # errors only
     # Spinning pool threads wait for the next operator without sleeping. The decoder step is a
     # chain of ~40 small operators run every few milliseconds, so its pool spins by default;
-    # the encoder runs rarely and its spinning pool would compete with the decoder's. Measured
-    # (2 cores, 2 threads, 256 test sentences in batches of 32, `loadtest/bench_engine.py`
-    # setup): both spinning 0.78 s greedy fp32, neither 0.62 s, decoder only 0.55 s; int8
-    # 0.61 / 0.49 / 0.41 s; beam 5 int8 1.42 / 1.41 / 1.20 s.
+    # the encoder runs rarely and its spinning pool would compete with the decoder's (measured:
+    # ``loadtest/results/notes.md``).
     opts.add_session_config_entry("session.intra_op.allow_spinning", "1" if spinning else "0")
     return opts
 
@@ -149,12 +147,17 @@ class Runtime:
     def step(self, prev_tokens: np.ndarray, state: Any, context: Context, k: int) -> StepOutput:
         """One decoder step on all rows; k = how many top candidates per row."""
         if self.provider == "cpu":
-            topk_lp, topk_ids, next_state, attention = self.decoder.run(STEP_OUTPUTS, {
-                "prev_tokens": prev_tokens, "state": state, "annotations": context.annotations,
-                "keys": context.keys, "src_mask": context.src_mask, "k": np.array(k, dtype=np.int64)})
+            topk_lp, topk_ids, next_state, attention = self.decoder.run(
+                STEP_OUTPUTS, _step_feed(prev_tokens, state, context, k))
             return StepOutput(topk_log_probs=topk_lp, topk_ids=topk_ids, attention=attention,
                               next_state=next_state)
         return self._step_bound(prev_tokens, state, context, k)
+
+    def step_outputs(self, prev_tokens: np.ndarray, state: np.ndarray, context: Context, k: int
+                     ) -> dict[str, np.ndarray]:
+        """Every output of the step graph, ``log_probs`` included (CPU): for verification."""
+        return dict(zip(DECODER_OUTPUTS, self.decoder.run(list(DECODER_OUTPUTS),
+                                                          _step_feed(prev_tokens, state, context, k))))
 
     def _step_bound(self, prev_tokens: np.ndarray, state: Any, context: Context, k: int) -> StepOutput:
         binding = self.decoder.io_binding()
@@ -171,6 +174,11 @@ class Runtime:
         topk_lp, topk_ids, next_state, attention = binding.get_outputs()
         return StepOutput(topk_log_probs=topk_lp.numpy(), topk_ids=topk_ids.numpy(),
                           attention=attention.numpy(), next_state=next_state)
+
+
+def _step_feed(prev_tokens: np.ndarray, state: Any, context: Context, k: int) -> dict[str, Any]:
+    return {"prev_tokens": prev_tokens, "state": state, "annotations": context.annotations,
+            "keys": context.keys, "src_mask": context.src_mask, "k": np.array(k, dtype=np.int64)}
 
 
 def _rows(state: Any) -> int:

@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from service.errors import ModelRepositoryError
+from service.interface import SpecialIds
 
 FORMAT = "nmt-serve/model-repository/v1"
 MANIFEST = "manifest.json"
@@ -67,7 +68,7 @@ class Manifest:
     name: str  # e.g. "en-fr"
     version: str  # e.g. "1"
     model_config: dict[str, Any]  # the export-side ModelConfig, as a dict
-    special_ids: dict[str, int]  # pad, unk, bos, eos
+    special: SpecialIds  # pad, unk, bos, eos: parsed once, handed to the tokenizer and the batch
     source_tokenizer: str  # SentencePiece model file
     target_tokenizer: str
     graphs: dict[str, GraphFiles]  # precision ("fp32", "int8") -> graph files
@@ -107,6 +108,15 @@ def write_manifest(root: Path, manifest: dict[str, Any]) -> Path:
     return out
 
 
+def parse_special_ids(mpath: Path, field: Any) -> SpecialIds:
+    """The manifest's ``special_ids`` ({"pad": 0, "unk": 1, "bos": 2, "eos": 3})."""
+    names = ("pad", "unk", "bos", "eos")
+    if not isinstance(field, dict) or not all(isinstance(field.get(n), int) for n in names):
+        raise ModelRepositoryError(f"{mpath}: special_ids must be an object with integer "
+                                   f"{', '.join(names)}, got {str(field)[:80]!r}")
+    return SpecialIds(**{n: field[n] for n in names})
+
+
 def load_manifest(root: Path, *, verify: bool = True) -> Manifest:
     """Read a repository's manifest; with ``verify``, check every file's sha256.
 
@@ -129,7 +139,7 @@ def load_manifest(root: Path, *, verify: bool = True) -> Manifest:
     try:
         manifest = Manifest(
             root=root, name=str(raw["name"]), version=str(raw["version"]),
-            model_config=dict(raw["model_config"]), special_ids=dict(raw["special_ids"]),
+            model_config=dict(raw["model_config"]), special=parse_special_ids(mpath, raw.get("special_ids")),
             source_tokenizer=raw["tokenizers"]["source"], target_tokenizer=raw["tokenizers"]["target"],
             graphs={p: GraphFiles(encoder=g["encoder"], decoder_step=g["decoder_step"])
                     for p, g in raw["graphs"].items()},

@@ -1,6 +1,7 @@
 """Admission: which queued texts join the running batch, and when. Pure code.
 
-``SchedulerState`` is the "pure state" half of the scheduler (STYLE.md item 6):
+``SchedulerState`` is the "pure state" half of the scheduler (handle + pure state +
+one background task, as text-generation-inference's ``router/src/queue.rs``):
 plain synchronous code with the clock passed in, no I/O and no engine, tested
 on its own (``tests/test_scheduler.py``). It keeps one queue for all clients
 (arrival order), the texts decoding, the estimated work (rows x steps) for
@@ -15,26 +16,12 @@ import itertools
 from dataclasses import dataclass
 from typing import Sequence
 
+from service.config import SchedulerConfig
 from service.errors import ErrorKind, NmtError
-from service.interface import Prepared
+from service.interface import Key, Prepared
 
 BUCKET_TOKENS = 8
 """Sources whose lengths fall in the same 8-piece bucket are batched together first."""
-
-Key = tuple[int, int]  # (request id, text index)
-
-
-
-@dataclass(frozen=True)
-class SchedulerConfig:
-    """Batching budgets and admission control."""
-
-    max_rows: int = 128  # decoder rows per step
-    max_tokens: int = 8192  # rows x padded source length of the running batch
-    max_wait: float = 0.002  # seconds a queued text may wait for others to share its encoder run
-    max_queued_work: int = 200_000  # estimated rows x steps, queued or decoding
-    step_level: bool = True  # False: a new batch starts only when the running one is empty
-
 
 @dataclass
 class Entry:

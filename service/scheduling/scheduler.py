@@ -1,6 +1,7 @@
 """Scheduler: one queue for all clients, step-level (continuous) batching.
 
-Shaped as handle + pure state + one engine thread (STYLE.md item 6):
+Shaped as handle + pure state + one engine thread (the shape of
+text-generation-inference's ``router/src/queue.rs`` and Ray Serve's ``serve/batching.py``):
 
 - ``SchedulerState`` (``service.scheduling.admission``) decides, as plain synchronous
   code with an injected clock, which queued texts join the running batch and
@@ -29,36 +30,29 @@ import threading
 import time
 from contextlib import aclosing
 from dataclasses import dataclass, field
-from typing import AsyncIterator, Callable, Hashable, Sequence
+from typing import AsyncIterator, Callable, Sequence
 
-from service.scheduling.admission import Key, SchedulerConfig, SchedulerState
+from service.config import SchedulerConfig
 from service.errors import ErrorKind, NmtError
-from service.interface import DecodeBatch, Engine, Prepared, Translation
+from service.interface import DecodeBatch, Decoded, Engine, Event, Final, Key, Partial, Prepared, Translation
 from service.metrics import Metrics
-
-
-@dataclass(frozen=True)
-class Partial:
-    """A streaming update: per text, the text all its live beams agree on."""
-
-    texts: tuple[str, ...]
+from service.scheduling.admission import SchedulerState
 
 
 @dataclass
 class _Request:
-    count: int
-    events: asyncio.Queue  # Partial..., then list[Translation] or an NmtError
-    stream: bool
+    prepared: Sequence[Prepared]
+    events: asyncio.Queue  # Partial..., then Final or an NmtError
     results: dict[int, Translation] = field(default_factory=dict)
-    prefixes: list[str] = field(default_factory=list)
+    prefixes: list[str] = field(default_factory=list)  # streaming: the last text sent per text
 
 
 @dataclass(frozen=True)
 class _Outcome:
     """What one engine cycle did that requests wait for (computed in the engine thread)."""
 
-    finished: list[tuple[Hashable, Translation]]
-    prefixes: dict[Key, str]  # streaming texts still decoding -> their agreed prefix
+    finished: list[tuple[Key, Decoded]]
+    prefixes: dict[Key, list[int]]  # streaming texts still decoding -> their agreed target ids
 
 
 class Scheduler:
@@ -97,21 +91,20 @@ class Scheduler:
         """Translations of ``prepared``, in order; raises NmtError."""
         async with aclosing(self.stream(prepared, timeout=timeout, partials=False)) as events:
             async for event in events:
-                if isinstance(event, list):
-                    return event
+                if isinstance(event, Final):
+                    return list(event.translations)
         raise AssertionError("unreachable: the stream ends with the translations")
 
     async def stream(self, prepared: Sequence[Prepared], *, timeout: float | None = None,
-                     partials: bool = True) -> AsyncIterator[Partial | list[Translation]]:
-        """``Partial`` updates as decoding goes (if ``partials``), then the translations."""
+                     partials: bool = True) -> AsyncIterator[Event]:
+        """``Partial`` updates as decoding goes (if ``partials``), then one ``Final``."""
         request_id = next(self._ids)
         with self._lock:
             now = self._clock()
             self.state.submit(request_id, prepared, now=now,
                               deadline=None if timeout is None else now + timeout, stream=partials)
             self._observe_queue()
-        request = _Request(count=len(prepared), events=asyncio.Queue(), stream=partials,
-                           prefixes=[""] * len(prepared))
+        request = _Request(prepared=prepared, events=asyncio.Queue(), prefixes=[""] * len(prepared))
         self._requests[request_id] = request
         for p in prepared:
             self._metrics.source_tokens.observe(len(p.source_ids))
@@ -122,7 +115,7 @@ class Scheduler:
                 if isinstance(event, NmtError):
                     raise event
                 yield event
-                if isinstance(event, list):
+                if isinstance(event, Final):
                     return
         finally:
             if self._requests.pop(request_id, None) is not None:  # cancelled or abandoned
@@ -182,7 +175,7 @@ class Scheduler:
     def _step(self, batch: DecodeBatch, streaming: list[Key]) -> _Outcome:
         """One decoder step on the live rows (if any); metrics observed here."""
         m = self._metrics
-        finished: list[tuple[Hashable, Translation]] = []
+        finished: list[tuple[Key, Decoded]] = []
         if batch.live_rows:
             rows, (real, padded) = batch.live_rows, batch.padded_tokens
             with m.decode_duration.time():
@@ -199,44 +192,55 @@ class Scheduler:
         except RuntimeError:  # the loop closed under a server that never called close()
             self._closing = True
 
-    # -- the event loop: results, failures, cancels ---------------------------------------
+    # -- the event loop: text, results, failures, cancels ----------------------------------
 
     def _deliver(self, outcome: _Outcome) -> None:
+        """Render finished texts and streaming prefixes (here, not in the engine thread), and
+        answer the requests they complete."""
         touched = set()
-        for key, translation in outcome.finished:
-            request = self._requests.get(key[0])
-            if request is not None:
-                touched.add(key[0])
-                request.results[key[1]] = translation
-                if request.stream and translation.hypotheses:
-                    request.prefixes[key[1]] = translation.hypotheses[0].text
+        for (request_id, index), decoded in outcome.finished:
+            request = self._requests.get(request_id)
+            if request is None:
+                continue
+            try:
+                translation = self._engine.translation(request.prepared[index], decoded)
+            except Exception as e:  # a bug in detokenizing: this request fails, the server goes on
+                self._fail(request_id, NmtError(ErrorKind.INTERNAL, f"rendering failed: {type(e).__name__}: {e}"))
+                continue
+            touched.add(request_id)
+            request.results[index] = translation
+            if translation.hypotheses:
+                request.prefixes[index] = translation.hypotheses[0].text
         self._send_partials(outcome.prefixes)
         for request_id in touched:
-            request = self._requests[request_id]
-            if len(request.results) == request.count:
+            request = self._requests.get(request_id)
+            if request is not None and len(request.results) == len(request.prepared):
                 self._complete(request_id, request)
 
-    def _send_partials(self, prefixes: dict[Key, str]) -> None:
+    def _send_partials(self, prefixes: dict[Key, list[int]]) -> None:
         changed: set[int] = set()
-        for (request_id, index), text in prefixes.items():
+        for (request_id, index), ids in prefixes.items():
             request = self._requests.get(request_id)
-            if request is not None and request.prefixes[index] != text:
+            if request is None:
+                continue
+            text = self._engine.partial_text(request.prepared[index], ids)
+            if request.prefixes[index] != text:
                 request.prefixes[index] = text
                 changed.add(request_id)
         for request_id in changed:
             request = self._requests[request_id]
-            if len(request.results) < request.count:
+            if len(request.results) < len(request.prepared):
                 request.events.put_nowait(Partial(tuple(request.prefixes)))
 
     def _complete(self, request_id: int, request: _Request) -> None:
-        translations = [request.results[i] for i in range(request.count)]
+        translations = [request.results[i] for i in range(len(request.prepared))]
         self._metrics.decoder_steps.observe(max(t.steps for t in translations))
         for t in translations:
             if t.hypotheses:
                 self._metrics.target_tokens.observe(len(t.hypotheses[0].tokens))
                 self._metrics.generated_tokens.inc(len(t.hypotheses[0].tokens))
         del self._requests[request_id]
-        request.events.put_nowait(translations)
+        request.events.put_nowait(Final(tuple(translations)))
 
     def _fail_all(self, request_ids: list[int], error: NmtError) -> None:
         for request_id in request_ids:

@@ -102,12 +102,13 @@ def protect_target(text: str, placeholders: tuple[str, ...]) -> str | None:
     return out
 
 
-def restore(text: str, placeholders: tuple[str, ...]) -> str:
+def restore(text: str, placeholders: tuple[str, ...], *, complete: bool = True) -> str:
     """Put the source's placeholders back in place of the reserved tokens.
 
-    A token the source does not have is dropped (the model invented it); a
-    placeholder the output lost is appended at the end, so a translation never
-    loses or invents a placeholder.
+    A token the source does not have is dropped (the model invented it); with
+    ``complete`` (a finished translation), a placeholder the output lost is
+    appended at the end, so a translation never loses or invents a placeholder.
+    Without it (an unfinished streaming prefix), the missing ones may still come.
     """
     seen: set[int] = set()
     invented = False
@@ -125,6 +126,6 @@ def restore(text: str, placeholders: tuple[str, ...]) -> str:
     if invented:
         out = re.sub(r"  +", " ", out).strip()
     missing = [p for k, p in enumerate(placeholders) if k not in seen]
-    if missing:
+    if missing and complete:
         out = " ".join([out.rstrip(), *missing])
     return out

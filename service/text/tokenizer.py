@@ -7,10 +7,13 @@ from pathlib import Path
 
 import sentencepiece as spm
 
+from service.interface import SpecialIds
 from service.text import placeholders
 
-PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
-"""Special ids, the same in both SentencePiece models (set when they are trained)."""
+TRAINED_WITH = SpecialIds()
+"""The special ids both SentencePiece models are trained with (``export.tokenizers``);
+a model repository's manifest records them, and the server takes them from there."""
+PAD_ID, UNK_ID, BOS_ID, EOS_ID = TRAINED_WITH.pad, TRAINED_WITH.unk, TRAINED_WITH.bos, TRAINED_WITH.eos
 
 
 @dataclass(frozen=True)
@@ -25,29 +28,31 @@ class Encoded:
 class Tokenizer:
     """Protects placeholders, splits into pieces, and back."""
 
-    def __init__(self, source_model: Path, target_model: Path) -> None:
-        self.source = _load(source_model)
-        self.target = _load(target_model)
+    def __init__(self, source_model: Path, target_model: Path, *, special: SpecialIds = TRAINED_WITH) -> None:
+        self.special = special
+        self.source = _load(source_model, special)
+        self.target = _load(target_model, special)
 
     def encode(self, text: str) -> Encoded:
         protected = placeholders.protect(text)
-        ids = self.source.encode(protected.text) + [EOS_ID]
+        ids = self.source.encode(protected.text) + [self.special.eos]
         return Encoded(ids=ids, pieces=[self.source.id_to_piece(i) for i in ids],
                        placeholders=protected.placeholders)
 
     def encode_target(self, text: str) -> list[int]:
         """Target ids of an already protected text (training), EOS last."""
-        return self.target.encode(text) + [EOS_ID]
+        return self.target.encode(text) + [self.special.eos]
 
-    def decode(self, ids: list[int], placeholder_values: tuple[str, ...]) -> str:
-        """Target ids (without EOS) -> text with the source's placeholders restored."""
-        return placeholders.restore(self.target.decode(ids), placeholder_values)
+    def decode(self, ids: list[int], placeholder_values: tuple[str, ...], *, complete: bool = True) -> str:
+        """Target ids (without EOS) -> text with the source's placeholders restored
+        (``complete=False``: an unfinished prefix, see ``placeholders.restore``)."""
+        return placeholders.restore(self.target.decode(ids), placeholder_values, complete=complete)
 
     def target_pieces(self, ids: list[int]) -> list[str]:
         return [self.target.id_to_piece(i) for i in ids]
 
 
-def _load(path: Path) -> spm.SentencePieceProcessor:
+def _load(path: Path, special: SpecialIds) -> spm.SentencePieceProcessor:
     if not Path(path).is_file():
         raise ValueError(f"{path}: SentencePiece model does not exist")
     sp = spm.SentencePieceProcessor()
@@ -55,6 +60,9 @@ def _load(path: Path) -> spm.SentencePieceProcessor:
         sp.load(str(path))
     except (OSError, RuntimeError) as e:
         raise ValueError(f"{path}: not a SentencePiece model ({e})") from None
-    if (sp.pad_id(), sp.unk_id(), sp.bos_id(), sp.eos_id()) != (PAD_ID, UNK_ID, BOS_ID, EOS_ID):
-        raise ValueError(f"{path}: special ids must be pad={PAD_ID} unk={UNK_ID} bos={BOS_ID} eos={EOS_ID}")
+    want = (special.pad, special.unk, special.bos, special.eos)
+    if (sp.pad_id(), sp.unk_id(), sp.bos_id(), sp.eos_id()) != want:
+        raise ValueError(f"{path}: special ids must be pad={want[0]} unk={want[1]} bos={want[2]} "
+                         f"eos={want[3]} (the manifest's special_ids), got pad={sp.pad_id()} "
+                         f"unk={sp.unk_id()} bos={sp.bos_id()} eos={sp.eos_id()}")
     return sp

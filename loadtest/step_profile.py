@@ -1,0 +1,89 @@
+"""Where a decoder step's time goes: inside ONNX Runtime, or in the engine's own Python.
+
+``python loadtest/bench_engine.py ... --profile`` runs this. Each text batch
+is decoded by the serving ``Batch`` with its runtime wrapped so that every
+``Runtime.step`` call is timed; the time of ``Batch.step`` around it is the
+whole step. The rest (the beam choice, history, reordering the state and the
+context, finishing texts) is the engine's per-step overhead, reported against
+the ONNX Runtime step: the issue's target is at most 20 % of it at 128 rows.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+from service.decoding.engine import Engine
+from service.options import DecodingOptions
+
+
+class TimedRuntime:
+    """A ``Runtime`` whose ``step`` calls are timed (everything else passes through)."""
+
+    def __init__(self, runtime: Any) -> None:
+        self._runtime, self.step_seconds = runtime, 0.0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._runtime, name)
+
+    def step(self, *args: Any, **kwargs: Any) -> Any:
+        start = time.perf_counter()
+        try:
+            return self._runtime.step(*args, **kwargs)
+        finally:
+            self.step_seconds += time.perf_counter() - start
+
+
+@dataclass(frozen=True)
+class StepProfile:
+    precision: str
+    beam: int
+    texts: int  # texts per batch
+    steps: int  # decoder steps measured
+    rows: float  # mean rows per step
+    step_ms: float  # median Batch.step
+    runtime_ms: float  # median Runtime.step inside it
+    encode_ms: float  # mean Batch.add (one encoder run) per batch
+
+    @property
+    def outside_share(self) -> float:
+        """The engine's own per-step work against the ONNX Runtime step."""
+        return (self.step_ms - self.runtime_ms) / self.runtime_ms
+
+
+def profile(engine: Engine, sources: Sequence[str], *, beam: int, texts: int, max_len: int,
+            max_ratio: float) -> StepProfile:
+    options = DecodingOptions(beam_size=beam, max_decoding_length=max_len, max_length_ratio=max_ratio)
+    prepared = [engine.prepare(s, options, i) for i, s in enumerate(sources)]
+    timed = TimedRuntime(engine.runtime)
+    real, engine.runtime = engine.runtime, timed
+    totals, inside, rows, encodes = [], [], [], []
+    try:
+        for start in range(0, len(prepared), texts):
+            batch = engine.new_batch()
+            t0 = time.perf_counter()
+            batch.add([((0, i), p) for i, p in enumerate(prepared[start:start + texts])])
+            encodes.append(time.perf_counter() - t0)
+            while batch.live_rows:
+                rows.append(batch.live_rows)
+                timed.step_seconds, t0 = 0.0, time.perf_counter()
+                batch.step()
+                totals.append(time.perf_counter() - t0)
+                inside.append(timed.step_seconds)
+    finally:
+        engine.runtime = real
+    return StepProfile(precision=engine.precision, beam=beam, texts=texts, steps=len(totals),
+                       rows=statistics.fmean(rows), step_ms=statistics.median(totals) * 1e3,
+                       runtime_ms=statistics.median(inside) * 1e3,
+                       encode_ms=statistics.fmean(encodes) * 1e3)
+
+
+def table(profiles: Sequence[StepProfile]) -> list[str]:
+    lines = ["| precision | beam | texts per batch | mean rows | steps | Batch.step ms | Runtime.step ms "
+             "| outside ONNX Runtime | encoder run ms |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for p in profiles:
+        lines.append(f"| {p.precision} | {p.beam} | {p.texts} | {p.rows:.0f} | {p.steps} | {p.step_ms:.2f} | "
+                     f"{p.runtime_ms:.2f} | {p.outside_share:.1%} | {p.encode_ms:.1f} |")
+    return lines

@@ -1,0 +1,133 @@
+"""The per-row context of a running batch (annotations, keys, source mask) and how rows move.
+
+A text owns ``beam_size`` contiguous rows (a block). The context is the costly
+part to move (rows x src_len x 1,024 floats), so a text that leaves is
+replaced in place by a text from the end of the batch (``compact_order``), the
+other rows stay where they are, and the arrays keep room after the live rows
+for texts that join.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import numpy as np
+
+from service.decoding.runtime import Runtime
+
+NO_ROWS = np.zeros(0, dtype=np.int64)
+PAD_COLUMNS = 1  # masked source columns every row gets (see ``width``)
+WIDTH_SLACK = 1.25  # keep up to 25% unneeded columns rather than copy the context to trim them
+MAX_MOVED_SHARE = 0.5  # above this share of rows moving, build a fresh context instead
+GROWTH, MIN_CAPACITY = 2, 16  # a new context allocation has room for this many times its rows
+
+
+def width(longest_source: int) -> int:
+    """The rows' src_len: the longest source plus ``PAD_COLUMNS`` masked columns.
+
+    With at least one masked column, ONNX Runtime's fp32 decoder step gives
+    every row the same bits whatever the width (measured: widths up to 256, any
+    row subset); a row exactly as wide as its source can differ in the last
+    bit. So a text decodes to the same bits alone or in any batch.
+    """
+    return longest_source + PAD_COLUMNS
+
+
+def source_mask(lengths: Sequence[int], columns: int) -> np.ndarray:
+    return np.arange(columns)[None, :] < np.asarray(lengths)[:, None]  # (batch, src_len) bool
+
+
+def pad_sources(sources: Sequence[Sequence[int]], pad_id: int) -> tuple[np.ndarray, np.ndarray]:
+    """Source id lists -> (src_ids (batch, src_len) padded with ``pad_id``, lengths (batch,))."""
+    lengths = np.array([len(s) for s in sources], dtype=np.int64)
+    src = np.full((len(sources), int(lengths.max())), pad_id, dtype=np.int64)
+    for row, ids in enumerate(sources):
+        src[row, : len(ids)] = ids
+    return src, lengths
+
+
+def compact_order(sizes: Sequence[int], keep: Sequence[bool]) -> list[int]:
+    """The kept blocks (``sizes`` rows each, in row order) in the order of a new layout that
+    moves as few rows as possible.
+
+    Blocks that lie inside the new layout (its first ``sum of kept sizes`` rows)
+    stay; each kept block past its end moves into a dropped block of the same
+    size inside it. When that cannot tile the new layout exactly, the kept
+    blocks keep their relative order (everything after a leaver moves up).
+    """
+    kept = [i for i, k in enumerate(keep) if k]
+    offsets = np.cumsum([0, *sizes]).tolist()
+    n = sum(sizes[i] for i in kept)
+    position = {i: offsets[i] for i in kept if offsets[i + 1] <= n}
+    holes = [i for i, k in enumerate(keep) if not k and offsets[i + 1] <= n and sizes[i]]
+    for i in kept:
+        if i in position:
+            continue
+        hole = next((h for h in holes if sizes[h] == sizes[i]), None) if offsets[i] >= n else None
+        if hole is None:
+            return kept
+        holes.remove(hole)
+        position[i] = offsets[hole]
+    return sorted(position, key=position.__getitem__)
+
+
+def block_rows(offsets: np.ndarray, order: Sequence[int]) -> np.ndarray:
+    """(rows,) the rows of blocks ``order`` (block i: rows offsets[i] to offsets[i + 1]), in order."""
+    if not len(order):
+        return NO_ROWS
+    return np.concatenate([np.arange(offsets[i], offsets[i + 1]) for i in order])
+
+
+class RowContext:
+    """Host copies of the rows' context, and the provider's form of it (``Runtime.context``)."""
+
+    def __init__(self, runtime: Runtime) -> None:
+        self._runtime = runtime
+        self.arrays: tuple[np.ndarray, ...] = ()  # annotations, keys, mask: (rows, src_len, ...)
+        self._backing: tuple[np.ndarray, ...] = ()  # the arrays they are the first rows of
+        self.device: Any = None  # what the decoder step reads
+
+    @property
+    def columns(self) -> int:
+        return self.arrays[2].shape[1] if self.arrays else 0
+
+    def clear(self) -> None:
+        self.arrays, self._backing, self.device = (), (), None
+
+    def append(self, new: tuple[np.ndarray, ...], columns: int) -> None:
+        """Append rows (annotations, keys, mask; (new_rows, src_len, ...)) after the live rows,
+        zero-padded (mask: False) to ``columns``."""
+        start = len(self.arrays[0]) if self.arrays else 0
+        end = start + len(new[0])
+        if self.arrays and columns == self.columns and end <= len(self._backing[0]):
+            backing = self._backing  # room after the live rows: the kept rows are not copied
+        else:  # a wider source or no room: a new allocation, with room for texts joining later
+            backing = tuple(np.zeros((max(end * GROWTH, MIN_CAPACITY), columns, *b.shape[2:]), dtype=b.dtype)
+                            for b in new)
+            for target, rows in zip(backing, self.arrays):
+                target[:start, : rows.shape[1]] = rows
+        for target, rows in zip(backing, new):
+            target[start:end, : rows.shape[1]] = rows
+            target[start:end, rows.shape[1]:] = 0
+        self._backing = backing
+        self._publish(tuple(b[:end] for b in backing))
+
+    def gather(self, row_index: np.ndarray, columns: int) -> None:
+        """Keep rows ``row_index`` of the current layout (rows only leave here), trimmed to
+        ``columns`` when that saves enough."""
+        n, current = len(row_index), self.columns
+        moved = np.flatnonzero(row_index != np.arange(n))
+        if columns * WIDTH_SLACK >= current and len(moved) <= n * MAX_MOVED_SHARE:
+            # rows stay where they are and a few move into the leavers' places (``compact_order``),
+            # in place (the right side is gathered before it is written); then a view of the first
+            # rows. Extra masked columns do not change any row's result (see ``width``).
+            for a in self.arrays:
+                a[moved] = a[row_index[moved]]
+            self._publish(tuple(a[:n] for a in self.arrays))
+        else:
+            self._backing = tuple(a[row_index, :columns] for a in self.arrays)
+            self._publish(self._backing)
+
+    def _publish(self, arrays: tuple[np.ndarray, ...]) -> None:
+        self.arrays = arrays
+        self.device = self._runtime.context(*arrays)
