@@ -229,6 +229,8 @@ class ServerProcess(_Client):
         except BaseException:
             self.kill()
             raise
+        finally:
+            self._close_channel()  # reopened on first use of ``channel`` or ``api``
         self.startup_seconds = time.monotonic() - self.started
 
     def log_text(self) -> str:
