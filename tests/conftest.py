@@ -5,6 +5,10 @@
 - ``reversal_checkpoint``: a small RNNsearch trained here to reverse digit
   strings (lengths 3 to 12): a real, accurate model whose attention must lie on
   the anti-diagonal. About a minute on 2 cores; made once per session.
+- ``tiny_repository``, ``reversal_repository``: those exported to ONNX model repositories.
+- ``reversal_engine``: the engine alone on ``reversal_repository`` (the reference answers).
+- ``server``, ``tiny_server``, ``slow_server``: those served in-process on port 0 (one per
+  test module; ``harness.ServerThread``). ``slow_server``'s decoder steps take 50 ms.
 """
 
 from __future__ import annotations
@@ -230,8 +234,9 @@ SLOW_STEP_SECONDS = 0.05
 def slow_server(reversal_repository: Path, reversal_engine):
     """Steps take 50 ms; admits one LONG_DIGITS text at a time (queued work). ``engine`` is
     its SlowEngine; ``startup_health``: what health answered while it started (polled)."""
-    from harness import LONG_DIGITS, SERVING, ServerThread, config_for, wait_until
     from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    from harness import LONG_DIGITS, SERVING, ServerThread, config_for, wait_until
     from service.decoding.engine import Engine
     from service.options import DecodingOptions
 
