@@ -90,24 +90,24 @@ def test_draining_reports_not_serving(reversal_repository: Path) -> None:
 def test_sigterm_drains_calls_in_flight_then_exits_0(reversal_repository: Path, tmp_path: Path) -> None:
     # 4 rows per step: 4 calls x 32 texts x beam 4 take thousands of steps to drain
     with ServerProcess(reversal_repository, tmp_path / "serve.log", "--grace-period", "120",
-                       "--max-rows", "4") as proc, grpc.insecure_channel(proc.address) as channel:
+                       "--max-rows", "4") as server, grpc.insecure_channel(server.address) as channel:
         api = pb_grpc.TranslatorStub(channel)  # not the server's own channel: used after it stopped
         request = pb.TranslateRequest(texts=[LONG_DIGITS] * 32, options=pb.DecodingOptions(beam_size=4))
-        submitted = proc.metric("nmt_source_tokens_count")  # texts handed to the scheduler
+        submitted = server.metric("nmt_source_tokens_count")  # texts handed to the scheduler
         calls = [api.Translate.future(request, timeout=300) for _ in range(4)]
         answered: list[float] = []
         for call in calls:
             call.add_done_callback(lambda _: answered.append(time.monotonic()))
-        wait_until(lambda: proc.metric("nmt_source_tokens_count") == submitted + 4 * 32, timeout=60,
-                   what="all 128 texts handed to the scheduler", process=proc)
-        proc.proc.send_signal(signal.SIGTERM)
+        wait_until(lambda: server.metric("nmt_source_tokens_count") == submitted + 4 * 32, timeout=60,
+                   what="all 128 texts handed to the scheduler", process=server)
+        server.proc.send_signal(signal.SIGTERM)
         signalled = time.monotonic()
         replies = [c.result() for c in calls]
         assert all(len(r.translations) == 32 for r in replies)
         assert len({t.hypotheses[0].text for r in replies for t in r.translations}) == 1
         assert max(answered) > signalled  # answered after SIGTERM: drained, not cut off
-        assert proc.stop() == 0
-        assert "draining" in proc.log_text()
+        assert server.stop() == 0
+        assert "draining" in server.log_text()
         with pytest.raises(grpc.RpcError) as e:
             api.Translate(pb.TranslateRequest(texts=["1 2"]), timeout=5)
         assert e.value.code() == grpc.StatusCode.UNAVAILABLE
