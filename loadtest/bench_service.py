@@ -19,7 +19,8 @@ What it measures, in this order (one process at a time on the CPU):
    load against ``--batching step`` and then ``--batching request``: the
    latency of the short requests shows what step-level batching buys.
 
-Writes ``loadtest/results/bench_service.json`` and ``.md``.
+Writes ``loadtest/results/bench_service.json`` and ``.md`` (and each server's log,
+``bench_service_<batching>_server.log``, beside them).
 """
 
 from __future__ import annotations
@@ -30,9 +31,7 @@ import json
 import os
 import platform
 import random
-import re
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -41,13 +40,14 @@ import grpc
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests"))  # the server harness the tests use (tests/harness.py)
 
+from harness import ServerProcess  # noqa: E402
 from service.decoding.engine import Engine  # noqa: E402
 from service.options import DecodingOptions, Limits  # noqa: E402
 from service.proto.nmt.v1 import translation_pb2 as pb  # noqa: E402
 from service.proto.nmt.v1 import translation_pb2_grpc as pb_grpc  # noqa: E402
 
-LISTENING = re.compile(r"serving .* on [^ ]+:(\d+) ")
 SHORT_FRACTION = 0.8
 STARTUP_SECONDS = 120
 
@@ -101,31 +101,14 @@ def engine_batched(engine: Engine, texts: list[str], *, batch: int, duration: fl
     return done / (time.perf_counter() - start)
 
 
-class Server:
-    """``nmt serve`` in a subprocess on a free port."""
-
-    def __init__(self, args: argparse.Namespace, batching: str) -> None:
-        cmd = [sys.executable, "-m", "service.cli", "serve", "--model-repository", args.model_repository,
-               "--host", "127.0.0.1", "--port", "0", "--metrics-port", "0", "--batching", batching,
-               "--precision", args.precision, "--max-rows", str(args.max_rows),
-               "--threads", str(args.threads), "--decoder-spinning", args.decoder_spinning,
-               *(["--max-wait-ms", str(args.max_wait_ms)] if args.max_wait_ms is not None else [])]
-        self.proc = subprocess.Popen(cmd, cwd=ROOT, stderr=subprocess.PIPE, text=True,
-                                     env={**os.environ, "PYTHONUNBUFFERED": "1"})
-        deadline = time.monotonic() + STARTUP_SECONDS
-        for line in self.proc.stderr:
-            found = LISTENING.search(line)
-            if found:
-                self.address = f"127.0.0.1:{found.group(1)}"
-                return
-            if time.monotonic() > deadline:
-                break
-        self.proc.kill()
-        raise RuntimeError(f"server did not start: {' '.join(cmd)}")
-
-    def close(self) -> None:
-        self.proc.terminate()
-        self.proc.wait(timeout=60)
+def start_server(args: argparse.Namespace, batching: str) -> ServerProcess:
+    """``nmt serve`` in a subprocess on free ports (the tests' harness), up once health says SERVING."""
+    flags = ["--batching", batching, "--precision", args.precision, "--max-rows", str(args.max_rows),
+             "--threads", str(args.threads), "--decoder-spinning", args.decoder_spinning,
+             *(["--max-wait-ms", str(args.max_wait_ms)] if args.max_wait_ms is not None else [])]
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    log = args.out.with_name(f"{args.out.name}_{batching}_server.log")
+    return ServerProcess(args.model_repository, log, *flags, startup_timeout=STARTUP_SECONDS)
 
 
 async def idle_latency(address: str, texts: list[str]) -> float:
@@ -214,7 +197,7 @@ def run(args: argparse.Namespace) -> dict:
               "threads": args.threads, "decoder_spinning": args.decoder_spinning,
               "machine": f"{platform.machine()}, {os.cpu_count()} CPUs", "duration_s": args.duration,
               "engine": baseline}
-    server = Server(args, "step")
+    server = start_server(args, "step")
     try:
         result["idle_ms"] = asyncio.run(idle_latency(server.address, short[:50]))
         result["sweep"] = []
@@ -240,13 +223,13 @@ def run(args: argparse.Namespace) -> dict:
         result["mixed"] = {"capacity_per_s": capacity, "step": asyncio.run(
             open_loop(server.address, short, long, rate=rate, duration=args.duration * 2))}
     finally:
-        server.close()
-    server = Server(args, "request")
+        server.stop()
+    server = start_server(args, "request")
     try:
         result["mixed"]["request"] = asyncio.run(
             open_loop(server.address, short, long, rate=rate, duration=args.duration * 2))
     finally:
-        server.close()
+        server.stop()
     return result
 
 

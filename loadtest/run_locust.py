@@ -17,24 +17,23 @@ from __future__ import annotations
 
 import argparse
 import os
-import signal
-import socket
 import subprocess
 import sys
-import time
 import urllib.request
 from pathlib import Path
 
-import grpc
-from grpc_health.v1 import health_pb2, health_pb2_grpc
 from prometheus_client.parser import text_string_to_metric_families
 
 from report import Step, chart, load_step, table, write_summary
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests"))  # the server harness the tests use (tests/harness.py)
+
+from harness import ServerProcess  # noqa: E402
+
 LOCUSTFILE = ROOT / "loadtest" / "locustfile.py"
 DEFAULT_TEXTS = ROOT / "build" / "corpus" / "test.jsonl"
-STARTUP_SECONDS = 300  # model load and warm-up on a busy 2-core machine
+STARTUP_SECONDS = 300  # model load and warm-up on a busy 2-core machine (until health SERVING)
 STOP_SECONDS = 60  # the server's grace period (10 s by default) plus a margin
 TEXTS_METRIC = "nmt_source_tokens_count"  # one observation per text translated
 TOKENS_METRIC = "nmt_generated_tokens_total"
@@ -62,46 +61,11 @@ def parse(argv: list[str]) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_serving(address: str, proc: subprocess.Popen, log: Path) -> float:
-    """Seconds until health says SERVING; raises if the server exits or takes too long."""
-    started = time.monotonic()
-    with grpc.insecure_channel(address) as channel:
-        health = health_pb2_grpc.HealthStub(channel)
-        while time.monotonic() - started < STARTUP_SECONDS:
-            if proc.poll() is not None:
-                raise RuntimeError(f"server exited with {proc.returncode}: {log.read_text()[-2000:]}")
-            try:
-                if health.Check(health_pb2.HealthCheckRequest(), timeout=1).status == \
-                        health_pb2.HealthCheckResponse.SERVING:
-                    return time.monotonic() - started
-            except grpc.RpcError:
-                pass
-            time.sleep(0.2)
-    raise RuntimeError(f"server not SERVING after {STARTUP_SECONDS} s")
-
-
-def start_server(args: argparse.Namespace) -> tuple[subprocess.Popen, str, str]:
-    port, metrics_port = free_port(), free_port()
+def start_server(args: argparse.Namespace) -> ServerProcess:
     log = args.output / f"{args.prefix}_server.log"
-    command = [sys.executable, "-m", "service.cli", "serve", "--model-repository", args.model_repository,
-               "--host", "127.0.0.1", "--port", str(port), "--metrics-port", str(metrics_port),
-               *args.server_arg]
-    with log.open("w") as out:
-        proc = subprocess.Popen(command, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)
-    address = f"127.0.0.1:{port}"
-    try:
-        seconds = wait_serving(address, proc, log)
-    except BaseException:
-        proc.kill()
-        raise
-    print(f"server SERVING on {address} after {seconds:.1f} s (log: {log})", flush=True)
-    return proc, address, f"127.0.0.1:{metrics_port}"
+    server = ServerProcess(args.model_repository, log, *args.server_arg, startup_timeout=STARTUP_SECONDS)
+    print(f"server SERVING on {server.address} after {server.startup_seconds:.1f} s (log: {log})", flush=True)
+    return server
 
 
 def scrape(metrics: str | None) -> tuple[str, dict[str, float]]:
@@ -148,27 +112,19 @@ def run_all(args: argparse.Namespace, *, address: str, metrics: str | None) -> t
     return worst, steps
 
 
-def stop_server(proc: subprocess.Popen) -> int:
-    proc.send_signal(signal.SIGTERM)
-    try:
-        return proc.wait(timeout=STOP_SECONDS)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        return -signal.SIGKILL
-
-
 def main(argv: list[str]) -> int:
     args = parse(argv)
     args.output.mkdir(parents=True, exist_ok=True)
-    proc = None
+    server = None
     if args.server:
         address, metrics = args.server, args.metrics
     else:
-        proc, address, metrics = start_server(args)
+        server = start_server(args)
+        address, metrics = server.address, f"127.0.0.1:{server.metrics_port}"
     try:
         code, steps = run_all(args, address=address, metrics=metrics)
     finally:
-        stopped = stop_server(proc) if proc else 0
+        stopped = server.stop(timeout=STOP_SECONDS) if server else 0
     write_summary(steps, args.output / f"{args.prefix}_summary.json")
     print(table(steps), end="")
     if args.chart:

@@ -5,12 +5,17 @@
 - ``reversal_checkpoint``: a small RNNsearch trained here to reverse digit
   strings (lengths 3 to 12): a real, accurate model whose attention must lie on
   the anti-diagonal. About a minute on 2 cores; made once per session.
+- ``tiny_repository``, ``reversal_repository``: those exported to ONNX model repositories.
+- ``reversal_engine``: the engine alone on ``reversal_repository`` (the reference answers).
+- ``server``, ``tiny_server``, ``slow_server``: those served in-process on port 0 (one per
+  test module; ``harness.ServerThread``). ``slow_server``'s decoder steps take 50 ms.
 """
 
 from __future__ import annotations
 
 import json
 import random
+import time
 from pathlib import Path
 
 import pytest
@@ -158,3 +163,96 @@ def reversal_repository(reversal_checkpoint: Path, reversal_corpus: Path,
     out = tmp_path_factory.mktemp("reversal_repository") / "reversal" / "1"
     return export_repository(reversal_checkpoint, out, name="reversal", version="1", quantize=True,
                              test_split=reversal_corpus / "test.jsonl")
+
+
+# ---- servers (tests/harness.py starts them) ----------------------------------------------------
+
+@pytest.fixture(scope="session")
+def reversal_engine(reversal_repository: Path):
+    """The engine alone: the reference for every served answer."""
+    from service.decoding.engine import Engine
+
+    return Engine(reversal_repository)
+
+
+@pytest.fixture(scope="module")
+def server(reversal_repository: Path):
+    """The reversal model served in-process (up to 64 texts a request)."""
+    from harness import ServerThread, config_for
+
+    with ServerThread(config_for(reversal_repository, "--max-texts", "64")) as s:
+        yield s
+
+
+@pytest.fixture(scope="module")
+def tiny_server(tiny_repository: Path):
+    """The untrained tiny model served in-process, with the tests' limits (8 texts, beam 4)."""
+    from harness import ServerThread, config_for
+
+    with ServerThread(config_for(tiny_repository)) as s:
+        yield s
+
+
+class SlowBatch:
+    """The real batch, with a pause before each decoder step (to catch a call mid-decode);
+    counts steps and removed rows. Everything else is the real batch's."""
+
+    def __init__(self, batch, owner: SlowEngine) -> None:
+        self.batch, self.owner = batch, owner
+
+    def step(self):
+        time.sleep(self.owner.step_seconds)
+        self.owner.steps += 1
+        return self.batch.step()
+
+    def remove(self, keys) -> None:
+        self.owner.removed += len(keys)
+        self.batch.remove(keys)
+
+    def __getattr__(self, name: str):
+        return getattr(self.batch, name)
+
+
+class SlowEngine:
+    """The real engine, whose batches are ``SlowBatch``es. Everything else is the real engine's."""
+
+    def __init__(self, engine, step_seconds: float) -> None:
+        self.engine, self.step_seconds = engine, step_seconds
+        self.steps = self.removed = 0
+
+    def new_batch(self) -> SlowBatch:
+        return SlowBatch(self.engine.new_batch(), self)
+
+    def __getattr__(self, name: str):
+        return getattr(self.engine, name)
+
+
+SLOW_STEP_SECONDS = 0.05
+
+
+@pytest.fixture(scope="module")
+def slow_server(reversal_repository: Path, reversal_engine):
+    """Steps take 50 ms; admits one LONG_DIGITS text at a time (queued work). ``engine`` is
+    its SlowEngine; ``startup_health``: what health answered while it started (polled)."""
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    from harness import LONG_DIGITS, SERVING, ServerThread, config_for, wait_until
+    from service.decoding.engine import Engine
+    from service.options import DecodingOptions
+
+    work = reversal_engine.prepare(LONG_DIGITS, DecodingOptions(), 0).work
+    engine = SlowEngine(Engine(reversal_repository), SLOW_STEP_SECONDS)
+    s = ServerThread(config_for(reversal_repository, "--max-queued-work", str(work * 3 // 2)), [engine],
+                     wait=False)
+    s.listening.wait(60)
+    s.engine, s.startup_health = engine, []
+    health = health_pb2_grpc.HealthStub(s.channel)
+
+    def serving() -> bool:
+        s.startup_health.append(health.Check(health_pb2.HealthCheckRequest(), wait_for_ready=True,
+                                             timeout=60).status)
+        return s.startup_health[-1] == SERVING
+    wait_until(serving, timeout=300, what="health SERVING after warm-up", interval=0)
+    s.wait_started()
+    yield s
+    s.stop()

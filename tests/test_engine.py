@@ -202,8 +202,14 @@ def test_int8_graphs_are_selectable_and_sensible(reversal_repository: Path, engi
     got = int8.translate(sources, DecodingOptions(beam_size=2))
     right = [g.hypotheses[0].text == " ".join(reversed(s.split())) for g, s in zip(got, sources)]
     assert sum(right) >= 85
-    fp32 = engine.translate(sources[:10], DecodingOptions(beam_size=2))
-    assert [g.hypotheses[0].score for g in got[:10]] != [g.hypotheses[0].score for g in fp32]
+    # int8 decodes as fp32 does on most texts, with scores close to fp32's but not equal to them
+    # (equal: the fp32 graphs ran). Measured: 100 of 100 agree, score gaps up to 0.1 (AVX2).
+    fp32 = engine.translate(sources, DecodingOptions(beam_size=2))
+    pairs = [(g.hypotheses[0], f.hypotheses[0]) for g, f in zip(got, fp32)]
+    same = [(g, f) for g, f in pairs if g.tokens == f.tokens]
+    assert len(same) >= 90
+    gaps = [abs(g.score - f.score) for g, f in same]
+    assert 0 < max(gaps) <= 0.5, sorted(gaps)[-5:]
     # per-row activation quantization: int8 results do not depend on the batch either
     batched = int8.translate(sources[:40], DecodingOptions(beam_size=2))
     alone = [int8.translate([s], DecodingOptions(beam_size=2))[0] for s in sources[:40]]
