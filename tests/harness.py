@@ -206,13 +206,15 @@ class ServerProcess(_Client):
     """``python -m service.cli serve`` in a subprocess on free loopback ports.
 
     ``args``: further ``nmt serve`` flags. The process's stdout and stderr go to ``log``
-    (unbuffered); its environment is this one's (PYTHONPATH included) plus ``env``.
+    (unbuffered); its environment is this one's (PYTHONPATH included) plus ``env``; ``cwd``
+    (default: this checkout) is where ``service`` is imported from, so another checkout's
+    server (a previous release in a git worktree) can run beside this one.
     The constructor returns when health says SERVING, or raises AssertionError with
     the log's tail (and kills the process).
     """
 
     def __init__(self, repository: Path | str, log: Path, *args: str, env: dict[str, str] | None = None,
-                 startup_timeout: float = 300) -> None:
+                 startup_timeout: float = 300, cwd: Path = ROOT) -> None:
         self.port, self.metrics_port = free_port(), free_port()
         self.address = f"127.0.0.1:{self.port}"
         self.log = log
@@ -220,7 +222,7 @@ class ServerProcess(_Client):
                         "--host", "127.0.0.1", "--port", str(self.port),
                         "--metrics-port", str(self.metrics_port), *args]
         with log.open("w") as out:
-            self.proc = subprocess.Popen(self.command, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT,
+            self.proc = subprocess.Popen(self.command, cwd=cwd, stdout=out, stderr=subprocess.STDOUT,
                                          env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})})
         self.started = time.monotonic()
         try:

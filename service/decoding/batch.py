@@ -57,6 +57,7 @@ class Batch:
         self._context = layout.RowContext(runtime)
         self._history = History()
         self._attention = 0  # texts that keep attention
+        self._layout: tuple[np.ndarray, list] = (np.zeros(1, dtype=np.int64), [])  # see _new_layout
 
     # -- the DecodeBatch interface ------------------------------------------------------
 
@@ -99,6 +100,7 @@ class Batch:
         self._ended = np.concatenate([self._ended, np.zeros(len(texts), dtype=np.int64)])
         self._texts.extend(texts)
         self._attention += sum(t.prepared.options.return_attention for t in texts)
+        self._new_layout()
 
     def step(self) -> list[tuple[Key, Decoded]]:
         """One decoder step on every live row; returns the texts that finished."""
@@ -107,7 +109,7 @@ class Batch:
         k = min(2 * int(self._beams.max()), self._vocab_size)
         out = self._runtime.step(self._prev, self._state, self._context.device, k)
         step = self._history.steps
-        offsets = np.concatenate([[0], np.cumsum(self._beams)])  # (texts + 1,)
+        offsets = self._offsets  # (texts + 1,)
         tokens, parents = np.empty_like(self._prev), np.empty_like(self._prev)
         ended: list[tuple[int, int, float]] = []  # (text, row, score) of EOS hypotheses
         for beam, members in self._groups():
@@ -121,21 +123,20 @@ class Batch:
             self._finish(text, last=step - 1, position=row, score=score, eos_row=row)
         self._finish_at_limit(step, offsets)
         done = self._ended >= self._beams  # (texts,)
-        finished: list[tuple[Key, Decoded]] = []
-        if done.any():
-            order = layout.compact_order(self._beams.tolist(), (~done).tolist())
-            row_index = layout.block_rows(offsets, order)  # (next_rows,) positions kept, in order
-            finished = [(self._texts[i].key, self._decoded(self._texts[i], step + 1))
-                        for i in np.flatnonzero(done).tolist()]
-        else:
-            order, row_index = None, np.arange(len(tokens))
+        if not done.any():  # the common step: every row stays where it is
+            self._prev = tokens
+            self._state = self._runtime.gather_state(out.next_state, parents)
+            self._forget(step)
+            return []
+        order = layout.compact_order(self._beams.tolist(), (~done).tolist())
+        row_index = layout.block_rows(offsets, order)  # (next_rows,) positions kept, in order
+        finished = [(self._texts[i].key, self._decoded(self._texts[i], step + 1))
+                    for i in np.flatnonzero(done).tolist()]
         self._history.reorder(row_index)
         self._prev, self._scores = tokens[row_index], self._scores[row_index]
         self._state = self._runtime.gather_state(out.next_state, parents[row_index])
-        if order is not None:
-            self._keep(order, row_index)
-        if step % FORGET_EVERY == 0 and self._texts:
-            self._history.forget_before(int(self._starts.min()))
+        self._keep(order, row_index)
+        self._forget(step)
         return finished
 
     def remove(self, keys: Sequence[Key]) -> None:
@@ -145,7 +146,7 @@ class Batch:
         if all(keep):
             return
         order = layout.compact_order(self._beams.tolist(), keep)
-        row_index = layout.block_rows(np.concatenate([[0], np.cumsum(self._beams)]), order)
+        row_index = layout.block_rows(self._offsets, order)
         self._history.reorder(row_index)
         self._prev, self._scores = self._prev[row_index], self._scores[row_index]
         self._state = self._runtime.gather_state(self._state, row_index)
@@ -153,7 +154,7 @@ class Batch:
 
     def prefix(self, key: Key) -> list[int]:
         """The target ids all live beams of ``key`` agree on so far."""
-        offsets = np.concatenate([[0], np.cumsum(self._beams)])
+        offsets = self._offsets
         for i, text in enumerate(self._texts):
             if text.key == key:
                 last = self._history.steps - 1
@@ -168,12 +169,27 @@ class Batch:
 
     # -- internals --------------------------------------------------------------------
 
+    def _forget(self, step: int) -> None:
+        """Now and then, drop the history no live text needs."""
+        if step % FORGET_EVERY == 0 and self._texts:
+            self._history.forget_before(int(self._starts.min()))
+
     def _groups(self) -> list[tuple[int, np.ndarray | None]]:
         """(beam size, its texts in row order); None: every text."""
+        return self._layout[1]
+
+    @property
+    def _offsets(self) -> np.ndarray:
+        """(texts + 1,) the first row of each text's block, and the row count."""
+        return self._layout[0]
+
+    def _new_layout(self) -> None:
+        """Offsets and beam-size groups of the current texts (they change only when texts
+        join or leave, not every step)."""
         sizes = np.unique(self._beams)
-        if len(sizes) == 1:
-            return [(int(sizes[0]), None)]
-        return [(int(b), np.flatnonzero(self._beams == b)) for b in sizes]
+        groups = ([(int(sizes[0]), None)] if len(sizes) == 1 else
+                  [(int(b), np.flatnonzero(self._beams == b)) for b in sizes])
+        self._layout = (np.concatenate([[0], np.cumsum(self._beams)]), groups)
 
     def _choose(self, out: StepOutput, beam: int, members: np.ndarray | None, rows: np.ndarray | None,
                 offsets: np.ndarray):
@@ -225,6 +241,7 @@ class Batch:
         self._texts = [self._texts[i] for i in order]
         self._beams, self._starts, self._limits, self._lengths, self._ended = (
             a[order] for a in (self._beams, self._starts, self._limits, self._lengths, self._ended))
+        self._new_layout()
         if not self._texts:
             self._history.forget_before(self._history.steps)
             self._context.clear()

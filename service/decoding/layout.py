@@ -73,9 +73,13 @@ def compact_order(sizes: Sequence[int], keep: Sequence[bool]) -> list[int]:
 
 def block_rows(offsets: np.ndarray, order: Sequence[int]) -> np.ndarray:
     """(rows,) the rows of blocks ``order`` (block i: rows offsets[i] to offsets[i + 1]), in order."""
+    order = np.asarray(order, dtype=np.int64)
     if not len(order):
         return NO_ROWS
-    return np.concatenate([np.arange(offsets[i], offsets[i + 1]) for i in order])
+    starts = np.asarray(offsets)[order]
+    sizes = np.asarray(offsets)[order + 1] - starts
+    # each block's rows: its start, plus the position within the block
+    return np.repeat(starts - (np.cumsum(sizes) - sizes), sizes) + np.arange(int(sizes.sum()))
 
 
 class RowContext:

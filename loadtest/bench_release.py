@@ -1,0 +1,197 @@
+"""This release against a previous one, side by side: saturated service throughput.
+
+    git worktree add /tmp/base 937e2a2        # the previous release
+    python loadtest/bench_release.py --previous /tmp/base --texts build/corpus/test.jsonl
+
+Each release serves its own shipped model with its own defaults (``nmt serve``
+with no tuning flags, from its own checkout), one at a time on this machine,
+in alternating rounds (previous, this, previous, this, ...). In each round
+``--clients`` closed-loop clients (each sends its next request when the last is
+answered) send one text per call for ``--duration`` seconds, then eight texts
+per call. Reported per release and shape: texts/s and target tokens/s (medians
+of the rounds) and this release's ratio to the previous one. Also the useful
+FLOP/s at saturation (matrix products of the encoder and decoder steps actually
+run, from each text's source and target length) against the rate of an int8
+matrix product of the GRU cell's shape measured in the same run (ONNX
+Runtime ``MatMulInteger``, u8 x u8, the scheme this release's graphs use).
+Writes ``loadtest/results/bench_release.md`` and ``.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import random
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import grpc
+import numpy as np
+import onnxruntime as ort
+from onnx import TensorProto, helper, numpy_helper
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests"))  # the server harness the tests use
+
+from harness import ServerProcess  # noqa: E402
+from service.proto.nmt.v1 import translation_pb2 as pb  # noqa: E402
+from service.proto.nmt.v1 import translation_pb2_grpc as pb_grpc  # noqa: E402
+
+SHAPES = (1, 8)  # texts per call
+RESULTS = ROOT / "loadtest" / "results"
+
+
+async def saturate(address: str, texts: list[str], *, per_call: int, clients: int, duration: float,
+                   seed: int) -> dict:
+    """Closed loop: texts/s, target tokens/s, source tokens and target tokens answered."""
+    done = tokens = sources = errors = 0
+    async with grpc.aio.insecure_channel(address) as channel:
+        stub = pb_grpc.TranslatorStub(channel)
+        await stub.Translate(pb.TranslateRequest(texts=texts[:per_call]), timeout=60)  # warm-up
+        stop_at = time.perf_counter() + duration
+
+        async def client(k: int) -> None:
+            nonlocal done, tokens, sources, errors
+            rng = random.Random(seed * 1000 + k)
+            while time.perf_counter() < stop_at:
+                batch = [rng.choice(texts) for _ in range(per_call)]
+                try:
+                    reply = await stub.Translate(pb.TranslateRequest(texts=batch), timeout=120)
+                except grpc.aio.AioRpcError:
+                    errors += 1
+                    continue
+                done += len(batch)
+                tokens += sum(len(t.hypotheses[0].tokens) for t in reply.translations)
+                sources += sum(len(t.source_tokens) + 1 for t in reply.translations)
+        start = time.perf_counter()
+        await asyncio.gather(*(client(k) for k in range(clients)))
+        seconds = time.perf_counter() - start
+    return {"texts_per_s": done / seconds, "tokens_per_s": tokens / seconds, "errors": errors,
+            "texts": done, "target_tokens": tokens, "source_tokens": sources, "seconds": seconds}
+
+
+def model_flops(config: dict, *, texts: int, source_tokens: int, target_tokens: int) -> float:
+    """Multiply-adds x 2 of the products greedy decoding runs: per source token the encoder's
+    GRU (both directions) and the attention keys; per decoder step (target tokens + EOS) the
+    GRU cell, the attention query, the deep output and the vocabulary projection (the
+    attention's rows x src_len products left out: they depend on the source length)."""
+    e, h, d, a, o, v = (config[k] for k in ("emb_size", "enc_hidden_size", "dec_hidden_size", "attn_size",
+                                            "out_size", "tgt_vocab_size"))
+    ctx = 2 * h
+    encoder = 2 * 3 * (e + h) * h + ctx * a
+    step = 3 * (e + ctx + d) * d + d * a + (d + e + ctx) * 2 * o + o * v
+    return 2.0 * (encoder * source_tokens + step * (target_tokens + texts))
+
+
+def int8_product_rate(rows: int = 160, inner: int = 1280, outer: int = 1536, threads: int = 2) -> float:
+    """Integer ops/s of a u8 x u8 ``MatMulInteger`` (rows x inner x outer), median of 30 runs."""
+    rng = np.random.default_rng(0)
+    graph = helper.make_graph(
+        [helper.make_node("MatMulInteger", ["a", "b", "za", "zb"], ["y"])], "product",
+        [helper.make_tensor_value_info("a", TensorProto.UINT8, ["rows", inner])],
+        [helper.make_tensor_value_info("y", TensorProto.INT32, None)],
+        [numpy_helper.from_array(rng.integers(0, 256, (inner, outer), dtype=np.uint8), "b"),
+         numpy_helper.from_array(np.array(128, np.uint8), "za"), numpy_helper.from_array(np.array(128, np.uint8), "zb")])
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = threads
+    session = ort.InferenceSession(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+                                   .SerializeToString(), opts, providers=["CPUExecutionProvider"])
+    feed = {"a": rng.integers(0, 256, (rows, inner), dtype=np.uint8)}
+    for _ in range(5):
+        session.run(None, feed)
+    times = []
+    for _ in range(30):
+        start = time.perf_counter()
+        session.run(None, feed)
+        times.append(time.perf_counter() - start)
+    return 2.0 * rows * inner * outer / statistics.median(times)
+
+
+def serve(tree: Path, name: str, log_dir: Path) -> ServerProcess:
+    """``nmt serve`` of the checkout ``tree`` with its defaults and its shipped model."""
+    env = {"PYTHONPATH": str(tree)}
+    return ServerProcess(tree / "models" / "en-fr" / "1", log_dir / f"bench_release_{name}_server.log",
+                         env=env, cwd=tree, startup_timeout=300)
+
+
+def run(args: argparse.Namespace) -> dict:
+    lines = Path(args.texts).read_text(encoding="utf-8").splitlines()
+    texts = [json.loads(line)["src_raw"] for line in lines if line.strip()][: args.max_texts]
+    trees = {"previous": args.previous.resolve(), "this": ROOT}
+    rounds: dict[str, dict[int, list[dict]]] = {name: {n: [] for n in SHAPES} for name in trees}
+    product_rates = []
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    for r in range(args.rounds):
+        for name, tree in trees.items():
+            server = serve(tree, name, args.out.parent)
+            try:
+                for per_call in SHAPES:
+                    result = asyncio.run(saturate(server.address, texts, per_call=per_call, clients=args.clients,
+                                                  duration=args.duration, seed=r))
+                    rounds[name][per_call].append(result)
+                    print(f"round {r} {name} {per_call}/call: {result['texts_per_s']:.0f} texts/s, "
+                          f"{result['tokens_per_s']:.0f} tokens/s, {result['errors']} errors", flush=True)
+            finally:
+                server.stop()
+        product_rates.append(int8_product_rate())
+    manifest = json.loads((ROOT / "models" / "en-fr" / "1" / "manifest.json").read_text())
+    return {"rounds": rounds, "int8_product_ops_per_s": statistics.median(product_rates),
+            "model_config": manifest["model_config"], "clients": args.clients, "duration": args.duration,
+            "cpu": f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs",
+            "previous": str(args.previous), "onnxruntime": ort.__version__}
+
+
+def markdown(r: dict, args: argparse.Namespace) -> str:
+    med = {name: {n: {k: statistics.median(x[k] for x in rs) for k in ("texts_per_s", "tokens_per_s")}
+                  for n, rs in shapes.items()} for name, shapes in r["rounds"].items()}
+    out = ["# This release against the previous one (saturated, default settings)", "",
+           f"`python loadtest/bench_release.py --previous {args.previous} --texts {args.texts} --rounds {args.rounds} "
+           f"--duration {args.duration:g} --clients {args.clients}`; {r['cpu']}; onnxruntime {r['onnxruntime']}. "
+           "Alternating rounds, medians; each release with its own defaults and shipped model.", "",
+           "| texts per call | previous texts/s | this texts/s | ratio | previous tokens/s | this tokens/s | ratio |",
+           "|---:|---:|---:|---:|---:|---:|---:|"]
+    for n in SHAPES:
+        p, t = med["previous"][n], med["this"][n]
+        out.append(f"| {n} | {p['texts_per_s']:.0f} | {t['texts_per_s']:.0f} | {t['texts_per_s'] / p['texts_per_s']:.2f}x "
+                   f"| {p['tokens_per_s']:.0f} | {t['tokens_per_s']:.0f} | {t['tokens_per_s'] / p['tokens_per_s']:.2f}x |")
+    out += ["", "Per round (texts/s): " + "; ".join(
+        f"{name} {n}/call " + ", ".join(f"{x['texts_per_s']:.0f}" for x in rs)
+        for name, shapes in r["rounds"].items() for n, rs in shapes.items())]
+    rate = r["int8_product_ops_per_s"]
+    out += ["", "## Useful FLOP/s at saturation", "",
+            f"Against an int8 product of the GRU cell's shape (160 x 1280 x 1536, u8 x u8 `MatMulInteger`, "
+            f"2 threads) measured in the same run: {rate / 1e9:.0f} G ops/s.", "",
+            "| release | texts per call | useful GFLOP/s | share of the int8 product rate |", "|---|---:|---:|---:|"]
+    for name, shapes in r["rounds"].items():
+        for n, rs in shapes.items():
+            flops = statistics.median(model_flops(r["model_config"], texts=x["texts"], source_tokens=x["source_tokens"],
+                                                  target_tokens=x["target_tokens"]) / x["seconds"] for x in rs)
+            out.append(f"| {name} | {n} | {flops / 1e9:.1f} | {flops / rate:.1%} |")
+    return "\n".join(out) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--previous", type=Path, required=True, help="a checkout of the previous release")
+    p.add_argument("--texts", type=Path, required=True, help="test split (jsonl with src_raw)")
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--duration", type=float, default=10.0, help="seconds per measurement")
+    p.add_argument("--clients", type=int, default=128)
+    p.add_argument("--max-texts", type=int, default=1000)
+    p.add_argument("--out", type=Path, default=RESULTS / "bench_release")
+    args = p.parse_args(argv)
+    result = run(args)
+    text = markdown(result, args)
+    args.out.with_suffix(".md").write_text(text)
+    args.out.with_suffix(".json").write_text(json.dumps(result, indent=1) + "\n")
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
