@@ -7,6 +7,7 @@ the scheduler (``service.scheduling``); the two meet only through ``service.inte
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,11 +17,12 @@ from service.config import ServeConfig
 from service.errors import ErrorKind, ModelRepositoryError, NmtError
 from service.interface import Engine
 from service.metrics import Metrics
-from service.models.manifest import MANIFEST, Manifest
+from service.models.manifest import MANIFEST, Manifest, load_manifest
 from service.options import DecodingOptions
 from service.scheduling.scheduler import Scheduler
 
 WARMUP_TEXT = "Hello world"
+log = logging.getLogger("nmt.app")
 
 
 @dataclass(frozen=True)
@@ -50,10 +52,15 @@ def load_engines(config: ServeConfig) -> list[Engine]:
     """One engine per model repository (checksums verified by the engine's manifest load)."""
     from service.decoding.engine import Engine as OnnxEngine
 
-    return [OnnxEngine(path, precision=config.precision, provider=config.provider,
-                       intra_op_threads=config.threads or None, limits=config.limits,
-                       decoder_spinning=config.decoder_spinning)
-            for path in find_repositories(config.model_repository)]
+    engines = []
+    for path in find_repositories(config.model_repository):
+        manifest = load_manifest(path)
+        precision, why = manifest.default_precision() if config.precision == "auto" else (config.precision, "asked")
+        log.info("%s/%s: %s graphs (%s)", manifest.name, manifest.version, precision, why)
+        engines.append(OnnxEngine(manifest, precision=precision, provider=config.provider,
+                                  intra_op_threads=config.threads or None, limits=config.limits,
+                                  decoder_spinning=config.decoder_spinning))
+    return engines
 
 
 def version_key(version: str) -> tuple[int, str]:
@@ -89,7 +96,7 @@ class ServedModels:
             m.scheduler.start()
             self.metrics.set_model(name=m.manifest.name, version=m.manifest.version,
                                    sha256=m.manifest.sha256, provider=self.config.provider,
-                                   precision=self.config.precision)
+                                   precision=m.engine.precision)
 
     async def warm_up(self) -> float:
         """Translate one text with every model; the seconds it took."""

@@ -43,7 +43,7 @@ class ServeConfig:
     host: str  # address both ports bind to
     port: int  # gRPC port (0 = any free port)
     metrics_port: int  # Prometheus /metrics port (0 = any free port)
-    precision: str  # graph variant: "fp32" or "int8"
+    precision: str  # graph variant: "fp32", "int8", or "auto" (each model's measured choice)
     provider: str  # ONNX Runtime provider: "cpu" or "cuda"
     threads: int  # ONNX Runtime intra-op threads (0 = its default)
     decoder_spinning: bool  # decoder-step thread pool spins between operators (see service.decoding.runtime)
@@ -111,7 +111,8 @@ FLAGS: list[tuple[str, Callable[[str], object], object, str]] = [
     ("--host", _text, "0.0.0.0", "address to bind"),
     ("--port", _port, 50051, "gRPC port (0 = any free port)"),
     ("--metrics-port", _port, 9464, "Prometheus /metrics port (0 = any free port)"),
-    ("--precision", _choice("fp32", "int8"), "fp32", "graph precision"),
+    ("--precision", _choice("auto", "fp32", "int8"), "auto",
+     "graph precision; auto: int8 where the model's manifest shows it within 0.3 BLEU of fp32"),
     ("--provider", _choice("cpu", "cuda"), "cpu", "ONNX Runtime execution provider"),
     ("--threads", _int_at_least(0), 0, "ONNX Runtime intra-op threads (0 = its default)"),
     ("--decoder-spinning", _choice("on", "off"), "on",

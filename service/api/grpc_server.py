@@ -84,10 +84,10 @@ class App:
         for service in ("", SERVICE_NAME):
             await self.health.set(service, health_pb2.HealthCheckResponse.SERVING)
         sc = self.config.scheduler
-        log.info("serving %s on %s:%d (metrics :%d/metrics), %s on %s, %s-level batching "
+        log.info("serving %s on %s:%d (metrics :%d/metrics) on %s, %s-level batching "
                  "(max_rows=%d max_tokens=%d max_wait=%.1fms max_queued_work=%d), warm-up %.0f ms",
-                 ", ".join(m.ref for m in self.models.all), self.config.host, self.port,
-                 self.metrics_port, self.config.precision, self.config.provider,
+                 ", ".join(f"{m.ref} ({m.engine.precision})" for m in self.models.all), self.config.host,
+                 self.port, self.metrics_port, self.config.provider,
                  "step" if sc.step_level else "request", sc.max_rows, sc.max_tokens,
                  sc.max_wait * 1000, sc.max_queued_work, warmup_ms)
 
@@ -132,7 +132,7 @@ class TranslatorServicer(pb_grpc.TranslatorServicer):
         async with self._rpc("ListModels", request, context):
             cfg = self.app.config
             return pb.ListModelsResponse(models=[
-                convert.model_info(m.manifest, precision=cfg.precision, provider=cfg.provider,
+                convert.model_info(m.manifest, precision=m.engine.precision, provider=cfg.provider,
                                    is_default=i == 0) for i, m in enumerate(self.app.models.all)])
 
     def _prepare(self, request: pb.TranslateRequest) -> tuple[Model, list[Prepared]]:

@@ -37,6 +37,7 @@ from service.errors import ModelRepositoryError
 from service.interface import SpecialIds
 
 FORMAT = "nmt-serve/model-repository/v1"
+INT8_MAX_BLEU_LOSS = 0.3  # ``--precision auto`` serves int8 when it costs at most this
 MANIFEST = "manifest.json"
 
 ENCODER_INPUTS = {"src_ids": ["batch", "src_len"], "src_lengths": ["batch"]}
@@ -81,6 +82,22 @@ class Manifest:
     @property
     def max_source_tokens(self) -> int:
         return int(self.raw.get("limits", {}).get("max_source_tokens", 200))
+
+    def default_precision(self) -> tuple[str, str]:
+        """The precision ``--precision auto`` serves, and why: int8 when the repository has int8
+        graphs and its measured BLEU (``quality.engine``, by ``loadtest/quality_engine.py``) is
+        within ``INT8_MAX_BLEU_LOSS`` of fp32's for greedy and beam search; else fp32."""
+        if "int8" not in self.graphs:
+            return "fp32", "no int8 graphs"
+        engine = (self.raw.get("quality") or {}).get("engine") or {}
+        fp32, int8 = engine.get("fp32") or {}, engine.get("int8") or {}
+        searches = [s for s in ("greedy", "beam5") if s in fp32 and s in int8]
+        if len(searches) < 2:
+            return "fp32", "no measured int8 BLEU for greedy and beam5 in quality.engine"
+        losses = {s: fp32[s]["bleu"] - int8[s]["bleu"] for s in searches}
+        if max(losses.values()) > INT8_MAX_BLEU_LOSS:
+            return "fp32", f"int8 loses {max(losses.values()):.2f} BLEU (> {INT8_MAX_BLEU_LOSS})"
+        return "int8", ", ".join(f"{s} BLEU {fp32[s]['bleu']} fp32 / {int8[s]['bleu']} int8" for s in searches)
 
     @property
     def sha256(self) -> str:
