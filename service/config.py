@@ -53,6 +53,9 @@ class ServeConfig:
     grace_period: float  # seconds in-flight calls get to finish after SIGTERM
     max_connection_age: float  # seconds before a client connection is asked to reconnect (0 = never)
     log_level: str  # debug logs one line per request
+    model_control: str = "none"  # "poll": rescan the repository every poll_seconds (and on SIGHUP)
+    poll_seconds: float = 30.0
+    model_versions: str = "latest"  # "latest": one version per name served; "all": every version
 
 
 class ConfigError(ValueError):
@@ -136,6 +139,12 @@ FLAGS: list[tuple[str, Callable[[str], object], object, str]] = [
      "seconds after which a client connection gets GOAWAY and reconnects, so that clients spread "
      "over new replicas; its calls get --grace-period to finish (0 = never)"),
     ("--log-level", _choice(*LOG_LEVELS), "info", "debug logs one line per request"),
+    ("--model-control", _choice("none", "poll"), "none",
+     "poll: rescan the repository every --poll-seconds for new or removed <name>/<version>/ dirs "
+     "(SIGHUP rescans in either mode)"),
+    ("--poll-seconds", _seconds, 30.0, "seconds between rescans with --model-control poll"),
+    ("--model-versions", _choice("latest", "all"), "latest",
+     "latest: the newest version of each name serves; all: every version found (pin with name/version)"),
 ]
 
 
@@ -186,4 +195,5 @@ def parse(argv: list[str], env: Mapping[str, str] | None = None) -> ServeConfig:
                       max_text_chars=args.max_text_chars),
         max_message_bytes=args.max_message_bytes, grace_period=args.grace_period,
         max_connection_age=args.max_connection_age,
-        log_level=args.log_level)
+        log_level=args.log_level, model_control=args.model_control,
+        poll_seconds=max(args.poll_seconds, 0.1), model_versions=args.model_versions)

@@ -26,11 +26,14 @@ class NmtError(Exception):
         self.message = message
 
 
+def shorten(text: str, limit: int = 60) -> str:
+    """``text`` cut to ``limit`` characters (``...`` at the end): what a message may echo."""
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
 def invalid(field: str, limit: str, value: object) -> NmtError:
     """INVALID_ARGUMENT naming the field, the limit and the given value."""
-    shown = repr(value)
-    if len(shown) > 60:
-        shown = shown[:57] + "..."
+    shown = shorten(repr(value))
     return NmtError(ErrorKind.INVALID_ARGUMENT, f"{field} must be {limit}, got {shown}")
 
 

@@ -68,6 +68,13 @@ class App:
              reflection.SERVICE_NAME], self.server)
         self.port = self.server.add_insecure_port(f"{config.host}:{config.port}")
         self.metrics_server: MetricsServer | None = None
+        self._tasks: set[asyncio.Task] = set()  # the poller and SIGHUP rescans
+
+    def rescan(self) -> None:
+        """Look at the model repository again, in the background (SIGHUP)."""
+        task = asyncio.get_running_loop().create_task(self.models.rescan())
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     @property
     def metrics_port(self) -> int:
@@ -83,6 +90,10 @@ class App:
         warmup_ms = await self.models.warm_up() * 1000
         for service in ("", SERVICE_NAME):
             await self.health.set(service, health_pb2.HealthCheckResponse.SERVING)
+        if self.config.model_control == "poll":
+            poller = asyncio.get_running_loop().create_task(self.models.poll(self.config.poll_seconds))
+            self._tasks.add(poller)
+            poller.add_done_callback(self._tasks.discard)
         sc = self.config.scheduler
         log.info("serving %s on %s:%d (metrics :%d/metrics) on %s, %s-level batching "
                  "(max_rows=%d max_tokens=%d max_wait=%.1fms max_queued_work=%d), warm-up %.0f ms",
@@ -94,6 +105,9 @@ class App:
     async def stop(self, grace: float) -> None:
         """NOT_SERVING, refuse new calls, let in-flight ones finish within ``grace`` seconds."""
         await self.health.enter_graceful_shutdown()
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
         await self.server.stop(grace)
         await self.models.close()
         if self.metrics_server is not None:
@@ -111,7 +125,7 @@ class TranslatorServicer(pb_grpc.TranslatorServicer):
         async with self._rpc("Translate", request, context):
             model, prepared = self._prepare(request)
             translations = await model.scheduler.translate(prepared, timeout=context.time_remaining())
-            return convert.response(translations)
+            return convert.response(translations, model.manifest)
 
     async def TranslateStream(self, request: pb.TranslateRequest, context: grpc.aio.ServicerContext
                               ) -> AsyncIterator[pb.TranslateResponse]:
@@ -121,9 +135,9 @@ class TranslatorServicer(pb_grpc.TranslatorServicer):
             try:
                 async for event in events:
                     if isinstance(event, Partial):
-                        yield convert.partial(event, prepared)
+                        yield convert.partial(event, prepared, model.manifest)
                     elif isinstance(event, Final):
-                        yield convert.response(event.translations)
+                        yield convert.response(event.translations, model.manifest)
             finally:
                 await events.aclose()
 
@@ -187,6 +201,7 @@ async def serve(config: ServeConfig) -> int:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    loop.add_signal_handler(signal.SIGHUP, app.rescan)
     try:
         await app.start()
     except Exception:
