@@ -211,11 +211,9 @@ class Filling:
 def fill(entry: polib.POEntry, translations: dict[str, str], how: Filling) -> str | None:
     """Put the translations into ``entry``; or leave it untranslated and say why (returned)."""
     forms = [(s, rejoin(s, translations)) for s in sources(entry, how.nplurals)]
-    problem = next(filter(None, (format_problem(entry.flags, s, t) for s, t in forms)), None)
-    if problem is None and any(not _encodable(t, how.encoding) for _, t in forms):
-        problem = (f"not representable in {how.encoding}",) * 2
+    problem = _problem(entry, forms, translations, how.encoding)
     if problem is not None:
-        set_comment(entry, f"not translated: the machine translation {problem[1]}")
+        set_comment(entry, f"left as it is: the machine translation {problem[1]}")
         return problem[0]
     if entry.msgid_plural:
         entry.msgstr_plural = {i: t for i, (_, t) in enumerate(forms)}
@@ -226,6 +224,20 @@ def fill(entry: polib.POEntry, translations: dict[str, str], how: Filling) -> st
     set_comment(entry, how.comment)
     flags = [f for f in entry.flags if f != "fuzzy"]
     entry.flags = flags + ["fuzzy"] if how.fuzzy else flags
+    return None
+
+
+def _problem(entry: polib.POEntry, forms: list[tuple[str, str]], translations: dict[str, str],
+             encoding: str) -> tuple[str, str] | None:
+    """Why these forms cannot go into ``entry``: (reason counted, details for the comment)."""
+    for source, text in forms:
+        found = format_problem(entry.flags, source, text)
+        if found:
+            return found
+        if any(not translations[core].strip() for _, core, _ in lines(source) if core):
+            return "empty translation", "is empty"  # an msgstr "" would read as untranslated
+        if not _encodable(text, encoding):
+            return f"not representable in {encoding}", f"is not representable in {encoding}"
     return None
 
 
