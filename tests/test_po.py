@@ -19,8 +19,8 @@ from pathlib import Path
 import grpc
 import polib
 import pytest
-
 from harness import ROOT, ServerThread, config_for, free_port
+
 from service.clients import po, translate
 from service.clients import po_catalog as catalogs
 from service.proto.nmt.v1 import translation_pb2 as pb
@@ -339,12 +339,12 @@ def test_unwritable_output(po_server, tmp_path: Path, capsys: pytest.CaptureFixt
 class EchoTranslator(pb_grpc.TranslatorServicer):
     """A stand-in server that wants a bearer token: its "translation" is the text in brackets."""
 
-    def ListModels(self, request, context):  # noqa: N802 (the gRPC method name)
+    def ListModels(self, request, context):
         self._check(context)
         return pb.ListModelsResponse(models=[pb.ModelInfo(name="echo", version="7", languages=["en", "fr"],
                                                           is_default=True)])
 
-    def Translate(self, request, context):  # noqa: N802
+    def Translate(self, request, context):
         self._check(context)
         return pb.TranslateResponse(translations=[pb.Translation(hypotheses=[pb.Hypothesis(text=f"[{t}]")])
                                                   for t in request.texts])
@@ -365,7 +365,7 @@ def make_certificates(directory: Path) -> None:
     from cryptography.hazmat.primitives.asymmetric import ec
     from cryptography.x509.oid import NameOID
 
-    now = datetime.datetime.now(datetime.timezone.utc)
+    now = datetime.datetime.now(datetime.UTC)
 
     def issue(name: str, issuer: tuple | None, *, ca: bool = False, san: list | None = None) -> tuple:
         key = ec.generate_private_key(ec.SECP256R1())
@@ -403,7 +403,7 @@ def test_tls_client_certificate_and_token(tmp_path: Path, capsys: pytest.Capture
         tls = ["--server", f"127.0.0.1:{port}", "--tls-ca-file", tmp_path / "ca.crt",
                "--tls-cert-file", tmp_path / "client.crt", "--tls-key-file", tmp_path / "client.key"]
         out = tmp_path / "fr.po"
-        code, stdout, err = translate_po(capsys, FIXTURE, "-o", out, *tls, "--token-file", tmp_path / "token")
+        code, _, err = translate_po(capsys, FIXTURE, "-o", out, *tls, "--token-file", tmp_path / "token")
         assert code == 0, err
         entries = by_key(polib.pofile(str(out)))
         opened = entries[(None, "Open the file", False)]

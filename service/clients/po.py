@@ -254,7 +254,7 @@ def run(args: argparse.Namespace, stderr: TextIO) -> Summary:
     return summary
 
 
-def _int_in(low: int, high: int):  # noqa: ANN202 (an argparse type)
+def _int_in(low: int, high: int):
     def convert(text: str) -> int:
         value = int(text)
         if not low <= value <= high:

@@ -11,10 +11,10 @@ import re
 import shutil
 import textwrap
 from collections import Counter
+from collections.abc import Iterable
 from dataclasses import dataclass
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
-from typing import Iterable
 
 import polib
 
@@ -83,7 +83,7 @@ def _show(counts: Counter[tuple[str, bool]]) -> str:
 
 # ---- lines: what is sent, and how the answers are put back ----
 
-_LINE = re.compile(r"(\s*)(.*?)(\s*)", re.S)
+_LINE = re.compile(r"(\s*)(.*?)(\s*)", re.DOTALL)
 
 
 def lines(text: str) -> list[tuple[str, str, str]]:
