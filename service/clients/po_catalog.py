@@ -223,7 +223,7 @@ def fill(entry: polib.POEntry, translations: dict[str, str], how: Filling) -> st
     entry.previous_msgid = entry.previous_msgid_plural = entry.previous_msgctxt = None
     set_comment(entry, how.comment)
     flags = [f for f in entry.flags if f != "fuzzy"]
-    entry.flags = flags + ["fuzzy"] if how.fuzzy else flags
+    entry.flags = ["fuzzy", *flags] if how.fuzzy else flags  # first, as msgmerge writes it
     return None
 
 
