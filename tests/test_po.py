@@ -267,6 +267,8 @@ def test_lines_over_the_server_limit_are_not_sent(po_server, tmp_path: Path,
     (b"\xde\x12\x04\x95" + bytes(24), "a compiled .mo catalog"),
     (b'msgid ""\nmsgstr "Content-Type: text/plain; charset=UTF-8\\n"\n\nmsgid "caf\xe9"\nmsgstr ""\n',
      ":4: not UTF-8 as its header says (byte 0xe9)"),
+    ('msgid ""\nmsgstr "Content-Type: text/plain; charset=ISO-8859-1\\n"\n\nmsgid "café"\nmsgstr ""\n'.encode(),
+     ": UTF-8, not ISO-8859-1 as its header says"),
 ])
 def test_a_file_that_is_not_a_catalog(tmp_path: Path, capsys: pytest.CaptureFixture[str],
                                       content: bytes, problem: str) -> None:
@@ -416,3 +418,17 @@ def test_tls_client_certificate_and_token(tmp_path: Path, capsys: pytest.Capture
         assert code == 1 and "UNAVAILABLE" in err  # no client certificate: the handshake fails
     finally:
         server.stop(None)
+
+
+def test_a_catalog_in_a_legacy_charset_is_written_in_it(po_server, tmp_path: Path,
+                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    catalog, out = tmp_path / "latin1.po", tmp_path / "out.po"
+    catalog.write_bytes('msgid ""\nmsgstr ""\n"Content-Type: text/plain; charset=ISO-8859-1\\n"\n\n'
+                        'msgid "Open the file"\nmsgstr ""\n\nmsgid "The red car"\nmsgstr "La voiture rouge été"\n'
+                        .encode("latin-1"))
+    code, stdout, err = translate_po(capsys, catalog, "-o", out, "--server", po_server.address)
+    assert code == 0, err
+    assert stdout.startswith(f"{out}: 1 translated, 1 kept (1 translated)")
+    assert 'msgstr "La voiture rouge \xe9t\xe9"'.encode("latin-1") in out.read_bytes()
+    result = polib.pofile(str(out))
+    assert result.encoding == "ISO-8859-1" and result.metadata["Content-Type"].endswith("ISO-8859-1")

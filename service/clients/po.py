@@ -22,6 +22,7 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
+from collections.abc import Callable
 from typing import TextIO
 
 import grpc
@@ -72,8 +73,6 @@ def _read(path: str, option: str) -> bytes:
         return Path(path).read_bytes()
     except OSError as e:
         raise Failure(2, f"{path}: cannot read {option}: {e.strerror}") from None
-
-
 
 
 # ---- requests: many texts each, several in flight ----
@@ -206,8 +205,11 @@ def plan(catalog: polib.POFile, nplurals: int, *, overwrite: bool,
     for entry in catalog:
         kept = catalogs.keep_reason(entry, overwrite=overwrite)
         skipped = None if kept else catalogs.skip_reason(entry, nplurals)
-        if kept or skipped:
-            (summary.kept if kept else summary.skipped)[kept or skipped] += 1  # type: ignore[index]
+        if kept:
+            summary.kept[kept] += 1
+            continue
+        if skipped:
+            summary.skipped[skipped] += 1
             continue
         entries.append(entry)
         for source in catalogs.sources(entry, nplurals):
@@ -233,8 +235,10 @@ def run(args: argparse.Namespace, stderr: TextIO) -> Summary:
         summary = Summary()
         entries, texts = plan(catalog, nplurals, overwrite=args.overwrite, summary=summary)
         progress = Progress(len(texts), stderr, enabled=args.progress or stderr.isatty())
-        how = Requests(stub=stub, model=args.model, beam=args.beam, batch_size=args.batch_size,
-                       jobs=args.jobs, timeout=args.timeout, metadata=metadata)
+        # the version ListModels named, not "the default": a version swap mid-run fails the run
+        # instead of mixing two models' output under one comment
+        how = Requests(stub=stub, model=f"{model.name}/{model.version}", beam=args.beam,
+                       batch_size=args.batch_size, jobs=args.jobs, timeout=args.timeout, metadata=metadata)
         try:
             translations = translate_texts(list(texts), how, progress)
         except BatchError as e:
@@ -254,7 +258,9 @@ def run(args: argparse.Namespace, stderr: TextIO) -> Summary:
     return summary
 
 
-def _int_in(low: int, high: int):
+def _int_in(low: int, high: int) -> Callable[[str], int]:
+    """An argparse type: an integer in [low, high]."""
+
     def convert(text: str) -> int:
         value = int(text)
         if not low <= value <= high:

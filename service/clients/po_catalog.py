@@ -6,6 +6,7 @@ No gRPC here: what goes over the wire and how is ``po.py``'s business.
 
 from __future__ import annotations
 
+import codecs
 import os
 import re
 import shutil
@@ -107,13 +108,8 @@ def read_catalog(path: Path) -> polib.POFile:
         raise Failure(2, f"{path}: cannot read: {e.strerror}") from None
     if raw[:4] in (b"\xde\x12\x04\x95", b"\x95\x04\x12\xde"):  # the .mo magic number
         raise Failure(2, f"{path}: a compiled .mo catalog, not a .po or .pot")
-    encoding = polib.detect_encoding(str(path))
-    try:
-        raw.decode(encoding)  # polib's own error would not say where
-    except UnicodeDecodeError as e:
-        line = raw.count(b"\n", 0, e.start) + 1
-        raise Failure(2, f"{path}:{line}: not {encoding} as its header says "
-                         f"(byte 0x{raw[e.start]:02x})") from None
+    encoding = polib.detect_encoding(str(path))  # the header's charset; UTF-8 without one
+    _check_encoding(raw, encoding, path)
     try:
         catalog = polib.pofile(str(path), encoding=encoding)
     except (OSError, ValueError) as e:
@@ -121,6 +117,24 @@ def read_catalog(path: Path) -> polib.POFile:
     if not catalog.metadata and not len(catalog):
         raise Failure(2, f"{path}: not a gettext catalog: no header and no entries")
     return catalog
+
+
+def _check_encoding(raw: bytes, encoding: str, path: Path) -> None:
+    """Failure(2) if ``raw`` is not in ``encoding``: bytes that do not decode (polib's own error
+    would not say where), or UTF-8 under another charset, which would decode to mojibake (text
+    in a legacy charset with non-ASCII letters is almost never valid UTF-8 by chance)."""
+    said = "as its header says" if re.search(rb"charset=", raw) else "(its header names no charset)"
+    try:
+        raw.decode(encoding)
+    except UnicodeDecodeError as e:
+        line = raw.count(b"\n", 0, e.start) + 1
+        raise Failure(2, f"{path}:{line}: not {encoding} {said} (byte 0x{raw[e.start]:02x})") from None
+    if codecs.lookup(encoding).name != "utf-8" and not raw.isascii():
+        try:
+            raw.decode("utf-8")
+        except UnicodeDecodeError:
+            return
+        raise Failure(2, f"{path}: UTF-8, not {encoding} as its header says")
 
 
 def _primary(language: str) -> str:
