@@ -103,7 +103,8 @@ def test_format_flags(flag: str | None, source: str, translation: str, broken: b
 
 def test_lines_keep_breaks_and_whitespace() -> None:
     text = "  Usage: app [OPTIONS]\n\n\tPrint the version.  \n"
-    assert [core for _, core, _ in catalogs.lines(text)] == ["Usage: app [OPTIONS]", "", "Print the version.", ""]
+    cores = [core for _, core, _ in catalogs.lines(text)]
+    assert cores == ["Usage: app [OPTIONS]", "", "Print the version.", ""]
     upper = {core: core.upper() for _, core, _ in catalogs.lines(text) if core}
     assert catalogs.rejoin(text, upper) == "  USAGE: APP [OPTIONS]\n\n\tPRINT THE VERSION.  \n"
 
@@ -111,8 +112,9 @@ def test_lines_keep_breaks_and_whitespace() -> None:
 def test_fill_leaves_out_what_the_catalog_encoding_cannot_hold() -> None:
     entry = polib.POEntry(msgid="Open the file", msgstr="")
     how = catalogs.Filling(nplurals=2, comment="machine", fuzzy=True, encoding="ascii")
-    assert catalogs.fill(entry, {"Open the file": "Ouvrir le fichier… œuvre"}, how) == "not representable in ascii"
-    assert entry.msgstr == "" and ours(entry) == "left as it is: the machine translation is not representable in ascii"
+    problem = catalogs.fill(entry, {"Open the file": "Ouvrir le fichier… œuvre"}, how)
+    assert problem == "not representable in ascii" and entry.msgstr == ""
+    assert ours(entry) == "left as it is: the machine translation is not representable in ascii"
 
 
 # ---- the workflow ------------------------------------------------------------------------------
@@ -255,7 +257,8 @@ def test_lines_over_the_server_limit_are_not_sent(po_server, tmp_path: Path,
                                                   capsys: pytest.CaptureFixture[str]) -> None:
     catalog = tmp_path / "long.po"
     catalog.write_text(f'msgid "Open the file"\nmsgstr ""\n\nmsgid "{"word " * 500}"\nmsgstr ""\n')
-    code, stdout, err = translate_po(capsys, catalog, "-o", tmp_path / "out.po", "--server", po_server.address)
+    code, stdout, err = translate_po(capsys, catalog, "-o", tmp_path / "out.po",
+                                     "--server", po_server.address)
     assert code == 0, err
     assert "1 translated, 0 kept, 1 skipped (1 a line over 2000 characters)" in stdout
 
@@ -267,7 +270,8 @@ def test_lines_over_the_server_limit_are_not_sent(po_server, tmp_path: Path,
     (b"\xde\x12\x04\x95" + bytes(24), "a compiled .mo catalog"),
     (b'msgid ""\nmsgstr "Content-Type: text/plain; charset=UTF-8\\n"\n\nmsgid "caf\xe9"\nmsgstr ""\n',
      ":4: not UTF-8 as its header says (byte 0xe9)"),
-    ('msgid ""\nmsgstr "Content-Type: text/plain; charset=ISO-8859-1\\n"\n\nmsgid "café"\nmsgstr ""\n'.encode(),
+    ('msgid ""\nmsgstr "Content-Type: text/plain; charset=ISO-8859-1\\n"\n\n'
+     'msgid "café"\nmsgstr ""\n'.encode(),
      ": UTF-8, not ISO-8859-1 as its header says"),
 ])
 def test_a_file_that_is_not_a_catalog(tmp_path: Path, capsys: pytest.CaptureFixture[str],
@@ -424,7 +428,8 @@ def test_a_catalog_in_a_legacy_charset_is_written_in_it(po_server, tmp_path: Pat
                                                         capsys: pytest.CaptureFixture[str]) -> None:
     catalog, out = tmp_path / "latin1.po", tmp_path / "out.po"
     catalog.write_bytes('msgid ""\nmsgstr ""\n"Content-Type: text/plain; charset=ISO-8859-1\\n"\n\n'
-                        'msgid "Open the file"\nmsgstr ""\n\nmsgid "The red car"\nmsgstr "La voiture rouge été"\n'
+                        'msgid "Open the file"\nmsgstr ""\n\n'
+                        'msgid "The red car"\nmsgstr "La voiture rouge été"\n'
                         .encode("latin-1"))
     code, stdout, err = translate_po(capsys, catalog, "-o", out, "--server", po_server.address)
     assert code == 0, err
