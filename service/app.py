@@ -115,9 +115,9 @@ class ServedModels:
         name = name or self.default_name
         matches = [m for m in self._loaded.values() if name in (m.manifest.name, m.ref)]
         if not matches:
-            known = sorted({m.manifest.name for m in self._loaded.values()} | set(self._loaded))
-            raise NmtError(ErrorKind.NOT_FOUND, f"model must be one of {shorten(', '.join(known), 300)}, "
-                           f"got {shorten(name, 80)!r}")
+            known = sorted({m.manifest.name for m in self._loaded.values()})
+            raise NmtError(ErrorKind.NOT_FOUND, f"model must be one of {shorten(repr(known), 300)} "
+                           f"(or name/version of a loaded version), got {shorten(name, 80)!r}")
         return max(matches, key=lambda m: version_key(m.manifest.version))
 
     def start(self) -> None:
