@@ -17,6 +17,8 @@ have finished. A version that fails to load is refused with one log line and
 from __future__ import annotations
 
 import asyncio
+import ctypes
+import gc
 import logging
 import time
 from dataclasses import dataclass
@@ -78,6 +80,21 @@ def load_engines(config: ServeConfig) -> list[Engine]:
     if config.model_versions == "latest" and dirs[0].name:
         dirs = latest(dirs)
     return [make_engine(config, d) for d in dirs]
+
+
+def release_memory() -> None:
+    """Give the memory of an unloaded model back to the OS.
+
+    Its ONNX Runtime sessions free their arenas, but glibc keeps the freed pages
+    for later mallocs, and RSS grows with every reload (measured:
+    ``loadtest/results/notes.md``, ``loadtest/results/reload_memory.md``). A no-op
+    where there is no glibc.
+    """
+    gc.collect()  # the engine's sessions, once nothing refers to them
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
 
 
 def version_key(version: str) -> tuple[int, str]:
@@ -217,6 +234,7 @@ class ServedModels:
         async def drain() -> None:
             await model.scheduler.drained()
             await model.scheduler.close()
+            release_memory()
             log.info("unloaded %s", model.ref)
         task = asyncio.create_task(drain())
         self._draining.add(task)
