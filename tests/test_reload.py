@@ -113,18 +113,17 @@ def test_a_broken_version_is_refused_while_the_old_one_serves(repo: Path, revers
         with (root / "decoder_step.onnx").open("ab") as f:
             f.write(b"\0")
 
-    def swapped_tokenizer(root: Path, raw: dict) -> None:
-        raw["model_config"]["dec_hidden_size"] = 7  # the graphs disagree: the warm-up fails
-
     with ServerThread(config_for(repo)) as server:
         add_version(reversal_repository, repo, "2", edit=corrupt)
         add_version(reversal_repository, repo, "3", edit=lambda root, raw: (root / "encoder.onnx").write_bytes(b"x"))
+        add_version(reversal_repository, repo, "4")
+        (repo / "reversal" / "4" / MANIFEST).write_text("{not json")
         rescan(server)
         reply = server.api.Translate(REQUEST, timeout=30)
         assert (reply.model, reply.model_version) == ("reversal", "1")
-        assert server.metric("nmt_model_load_failures_total", name="reversal") == 2
+        assert server.metric("nmt_model_load_failures_total", name="reversal") == 3
         rescan(server)  # unchanged directories are not tried (nor logged) again
-        assert server.metric("nmt_model_load_failures_total", name="reversal") == 2
+        assert server.metric("nmt_model_load_failures_total", name="reversal") == 3
 
 
 def test_half_copied_and_misnamed_versions_are_left_until_complete(repo: Path, reversal_repository: Path,
@@ -144,6 +143,18 @@ def test_half_copied_and_misnamed_versions_are_left_until_complete(repo: Path, r
         add_version(reversal_repository, repo, "2")
         rescan(server)
         assert server.api.Translate(REQUEST, timeout=30).model_version == "2"
+
+
+def test_of_two_new_versions_the_newest_is_taken(repo: Path, reversal_repository: Path,
+                                                 caplog: pytest.LogCaptureFixture) -> None:
+    with ServerThread(config_for(repo)) as server:
+        add_version(reversal_repository, repo, "3")
+        add_version(reversal_repository, repo, "2")
+        rescan(server)
+        assert server.api.Translate(REQUEST, timeout=30).model_version == "3"
+        assert [(m.name, m.version) for m in server.api.ListModels(pb.ListModelsRequest(), timeout=10).models] == [
+            ("reversal", "3")]
+        assert not any("serving reversal/2" in r.getMessage() for r in caplog.records)
 
 
 def test_all_versions_can_be_pinned(repo: Path, reversal_repository: Path) -> None:
