@@ -10,13 +10,13 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Sequence
 
 from service.config import ServeConfig
-from service.errors import ErrorKind, ModelRepositoryError, NmtError
+from service.errors import ErrorKind, ModelRepositoryError, NmtError, shown
 from service.interface import Engine
 from service.metrics import Metrics
-from service.models.manifest import MANIFEST, Manifest
+from service.models.manifest import MANIFEST, Manifest, check_graphs, check_vocabularies
 from service.options import DecodingOptions
 from service.scheduling.scheduler import Scheduler
 
@@ -50,10 +50,24 @@ def load_engines(config: ServeConfig) -> list[Engine]:
     """One engine per model repository (checksums verified by the engine's manifest load)."""
     from service.decoding.engine import Engine as OnnxEngine
 
-    return [OnnxEngine(path, precision=config.precision, provider=config.provider,
-                       intra_op_threads=config.threads or None, limits=config.limits,
-                       decoder_spinning=config.decoder_spinning)
-            for path in find_repositories(config.model_repository)]
+    engines = [OnnxEngine(path, precision=config.precision, provider=config.provider,
+                          intra_op_threads=config.threads or None, limits=config.limits,
+                          decoder_spinning=config.decoder_spinning)
+               for path in find_repositories(config.model_repository)]
+    for engine in engines:
+        check_engine(engine, config.precision)
+    return engines
+
+
+def check_engine(engine: Any, precision: str) -> None:
+    """A loaded ONNX engine's graphs and tokenizers must agree with its manifest's model_config:
+    checksums prove the files are the ones listed, not that they belong together."""
+    sessions = {"encoder": engine.runtime.encoder, "decoder_step": engine.runtime.decoder}
+    shapes = {graph: {a.name: list(a.shape) for a in [*s.get_inputs(), *s.get_outputs()]}
+              for graph, s in sessions.items()}
+    check_graphs(engine.manifest, precision, shapes)
+    check_vocabularies(engine.manifest, source=engine.tokenizer.source.get_piece_size(),
+                       target=engine.tokenizer.target.get_piece_size())
 
 
 def version_key(version: str) -> tuple[int, str]:
@@ -80,7 +94,7 @@ class ServedModels:
         matches = [m for m in self.all if name in (m.manifest.name, m.ref)]
         if not matches:
             raise NmtError(ErrorKind.NOT_FOUND, f"model must be one of "
-                           f"{sorted({m.manifest.name for m in self.all})}, got {name!r}")
+                           f"{sorted({m.manifest.name for m in self.all})}, got {shown(name)}")
         return max(matches, key=lambda m: version_key(m.manifest.version))
 
     def start(self) -> None:

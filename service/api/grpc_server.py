@@ -22,6 +22,8 @@ from grpc_health.v1.health import aio as health_aio
 from grpc_reflection.v1alpha import reflection
 
 from service.api import convert
+from service.api.auth import AuthInterceptor, TlsFiles, TokenFile
+from service.api.wire import SERVICE_NAME, Undecodable, add_translator
 from service.config import ConfigError, ServeConfig, parse
 from service.app import Model, ServedModels, load_engines
 from service.errors import ErrorKind, ModelRepositoryError, NmtError, ProviderUnavailableError
@@ -30,6 +32,7 @@ from service.metrics import Metrics, MetricsServer
 from service.options import validate_request
 from service.proto.nmt.v1 import translation_pb2 as pb
 from service.proto.nmt.v1 import translation_pb2_grpc as pb_grpc
+from service.scheduling.scheduler import Scheduler
 
 log = logging.getLogger("nmt.server")
 
@@ -41,11 +44,29 @@ GRPC_CODES: dict[ErrorKind, grpc.StatusCode] = {
     ErrorKind.CANCELLED: grpc.StatusCode.CANCELLED,
     ErrorKind.UNAVAILABLE: grpc.StatusCode.UNAVAILABLE,
     ErrorKind.INTERNAL: grpc.StatusCode.INTERNAL,
+    ErrorKind.UNAUTHENTICATED: grpc.StatusCode.UNAUTHENTICATED,
 }
 """The one mapping from error kinds to gRPC status codes."""
 
-SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Translator"].full_name  # "nmt.v1.Translator"
 WARMUP_TEXT = "Hello world"
+MAX_PENDING_REQUESTS = 20_000
+"""Calls gRPC core may hold before the servicer takes them (``grpc.server.max_pending_requests``
+and its hard limit; defaults 1000 and 3000). Above them core ends calls CANCELLED, unseen and
+uncounted: a burst of 2,000 got 165-211 of those. Measured (``loadtest/flood.py``, one channel,
+beam 5, long text, 2 cores): 2,000 and 5,000 concurrent calls, 0 CANCELLED at 20,000; each pending
+call costs only its received message (<= --max-message-bytes), read into memory anyway."""
+
+
+def server_options(config: ServeConfig) -> list[tuple[str, int]]:
+    """The grpc.aio server's channel arguments."""
+    options = [("grpc.max_receive_message_length", config.max_message_bytes),
+               ("grpc.so_reuseport", 0),  # a busy port must fail, not be shared
+               ("grpc.server.max_pending_requests", MAX_PENDING_REQUESTS),
+               ("grpc.server.max_pending_requests_hard_limit", MAX_PENDING_REQUESTS)]
+    if config.max_connection_age > 0:  # GOAWAY after the age; calls in flight get the grace
+        options += [("grpc.max_connection_age_ms", int(config.max_connection_age * 1000)),
+                    ("grpc.max_connection_age_grace_ms", int(config.grace_period * 1000))]
+    return options
 
 
 class App:
@@ -55,18 +76,20 @@ class App:
         self.config, self.metrics = config, Metrics()
         self.models = ServedModels(config, engines, self.metrics)
         self.health = health_aio.HealthServicer()
-        options = [("grpc.max_receive_message_length", config.max_message_bytes),
-                   ("grpc.so_reuseport", 0)]  # a busy port must fail, not be shared
-        if config.max_connection_age > 0:  # GOAWAY after the age; calls in flight get the grace
-            options += [("grpc.max_connection_age_ms", int(config.max_connection_age * 1000)),
-                        ("grpc.max_connection_age_grace_ms", int(config.grace_period * 1000))]
-        self.server = grpc.aio.server(options=options)
-        pb_grpc.add_TranslatorServicer_to_server(TranslatorServicer(self), self.server)
+        security = config.security
+        self.tls = TlsFiles(security) if security.tls else None  # first: a bad file stops us here
+        tokens = TokenFile(security.auth_token_file) if security.auth_token_file else None
+        interceptors = [AuthInterceptor(tokens, self.metrics)] if tokens else []
+        self.server = grpc.aio.server(options=server_options(config), interceptors=interceptors)
+        add_translator(TranslatorServicer(self), self.server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
-        reflection.enable_server_reflection(
-            [SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
-             reflection.SERVICE_NAME], self.server)
-        self.port = self.server.add_insecure_port(f"{config.host}:{config.port}")
+        if security.reflection:
+            reflection.enable_server_reflection(
+                [SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
+                 reflection.SERVICE_NAME], self.server)
+        address = f"{config.host}:{config.port}"
+        self.port = (self.server.add_secure_port(address, self.tls.credentials()) if self.tls
+                     else self.server.add_insecure_port(address))
         self.metrics_server: MetricsServer | None = None
 
     @property
@@ -78,16 +101,20 @@ class App:
         for service in ("", SERVICE_NAME):
             await self.health.set(service, health_pb2.HealthCheckResponse.NOT_SERVING)
         self.models.start()
-        self.metrics_server = self.metrics.serve(host=self.config.host, port=self.config.metrics_port)
+        self.metrics_server = self.metrics.serve(host=self.config.metrics_host,
+                                                 port=self.config.metrics_port)
         await self.server.start()
         warmup_ms = await self.models.warm_up() * 1000
         for service in ("", SERVICE_NAME):
             await self.health.set(service, health_pb2.HealthCheckResponse.SERVING)
         sc = self.config.scheduler
-        log.info("serving %s on %s:%d (metrics :%d/metrics), %s on %s, %s-level batching "
+        sec = self.config.security
+        access = ("mTLS" if sec.tls_client_ca_file else "TLS" if sec.tls else "plaintext") + (
+            ", tokens" if sec.auth_token_file else ", no tokens")
+        log.info("serving %s on %s:%d (%s; metrics %s:%d/metrics), %s on %s, %s-level batching "
                  "(max_rows=%d max_tokens=%d max_wait=%.1fms max_queued_work=%d), warm-up %.0f ms",
-                 ", ".join(m.ref for m in self.models.all), self.config.host, self.port,
-                 self.metrics_port, self.config.precision, self.config.provider,
+                 ", ".join(m.ref for m in self.models.all), self.config.host, self.port, access,
+                 self.config.metrics_host, self.metrics_port, self.config.precision, self.config.provider,
                  "step" if sc.step_level else "request", sc.max_rows, sc.max_tokens,
                  sc.max_wait * 1000, sc.max_queued_work, warmup_ms)
 
@@ -139,6 +166,7 @@ class TranslatorServicer(pb_grpc.TranslatorServicer):
         """Validate the whole request (once, here), then tokenize its texts."""
         options = validate_request(request.texts, convert.options(request.options), self.app.config.limits)
         model = self.app.models.get(request.model)
+        refuse_if_full(model.scheduler, len(request.texts) * options.beam_size)
         return model, [model.engine.prepare(text, options, i) for i, text in enumerate(request.texts)]
 
     @asynccontextmanager
@@ -148,6 +176,12 @@ class TranslatorServicer(pb_grpc.TranslatorServicer):
         metrics, code, started = self.app.metrics, grpc.StatusCode.OK, time.perf_counter()
         try:
             with metrics.request_duration.labels(method).time():
+                if isinstance(request, Undecodable):
+                    log.warning("%s: undecodable request from %s: %s", method, context.peer(),
+                                request.reason)
+                    raise NmtError(ErrorKind.INVALID_ARGUMENT, f"request must be a valid "
+                                   f"{request.message} (protobuf wire format, UTF-8 strings), got "
+                                   "bytes that do not parse")
                 yield
         except NmtError as e:
             code = GRPC_CODES[e.kind]
@@ -175,6 +209,19 @@ class TranslatorServicer(pb_grpc.TranslatorServicer):
                           (time.perf_counter() - started) * 1000)
 
 
+def refuse_if_full(scheduler: Scheduler, least: int) -> None:
+    """RESOURCE_EXHAUSTED before tokenizing when even the request's least work (each row one
+    step) would pass --max-queued-work: under a flood a refusal costs a comparison, not a
+    tokenization. Read without the scheduler's lock: advisory; submit() decides exactly."""
+    state = scheduler.state
+    limit = state.config.max_queued_work
+    if least <= limit < state.work + least:  # larger than the limit alone: submit() says so
+        raise NmtError(ErrorKind.RESOURCE_EXHAUSTED,
+                       f"server overloaded: queued work would be at least {state.work + least} "
+                       f"(estimated rows x steps; this request at least {least}), above the limit "
+                       f"max_queued_work={limit}; retry later")
+
+
 def build(config: ServeConfig, engines: Sequence[Engine] | None = None) -> App:
     """The server, not yet started (call inside the event loop that will run it)."""
     return App(config, load_engines(config) if engines is None else engines)
@@ -200,6 +247,14 @@ async def serve(config: ServeConfig) -> int:
     return 0
 
 
+def check_security_files(config: ServeConfig) -> None:
+    """ConfigError naming a missing, unreadable or mismatched TLS file or token file."""
+    if config.security.tls:
+        TlsFiles(config.security)
+    if config.security.auth_token_file:
+        TokenFile(config.security.auth_token_file)
+
+
 def main(argv: list[str]) -> int:
     """``nmt serve [flags]``."""
     try:
@@ -210,7 +265,8 @@ def main(argv: list[str]) -> int:
     logging.basicConfig(level=config.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
+        check_security_files(config)  # before the models load: a bad file fails in a second
         return asyncio.run(serve(config))
-    except (ModelRepositoryError, ProviderUnavailableError) as e:
+    except (ConfigError, ModelRepositoryError, ProviderUnavailableError) as e:
         print(f"nmt serve: {e}", file=sys.stderr)
         return 1
