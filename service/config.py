@@ -169,7 +169,7 @@ def env_name(flag: str) -> str:
     return "NMT_" + flag.lstrip("-").replace("-", "_").upper()
 
 
-OTHER_VARIABLES = ("NMT_SERVER", "NMT_LOCUST_", "NMT_SMOKE_")
+OTHER_VARIABLES = ("NMT_SERVER", "NMT_LOCUST_", "NMT_SMOKE_", "NMT_CLIENT_")
 """``NMT_*`` variables (or prefixes) read by the other tools of this project (``nmt translate``,
 the Locust and container-smoke scripts), not by ``nmt serve``."""
 

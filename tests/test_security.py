@@ -247,3 +247,15 @@ def test_half_a_tls_setting_is_a_config_error() -> None:
         parse(["--tls-client-ca-file", "ca.crt"], env={})
     assert parse([], env={"NMT_AUTH_TOKEN_FILE": "/run/t", "NMT_REFLECTION": "off",
                           "NMT_METRICS_HOST": "127.0.0.1"}).security.reflection is False
+
+
+def test_nmt_translate_speaks_tls_and_sends_the_token(tls_server: ServerThread, pki: Pki,
+                                                      capsys: pytest.CaptureFixture) -> None:
+    from service.clients import translate
+
+    args = ["--server", tls_server.address, "--tls-ca-file", str(pki.dir / "ca.crt"),
+            "--tls-server-name", HOST]
+    assert translate.main([*args, "--token-file", str(pki.dir / "tokens"), "Open the file"]) == 0
+    assert len(capsys.readouterr().out.splitlines()) == 1
+    assert translate.main([*args, "Open the file"]) == 1
+    assert "UNAUTHENTICATED" in capsys.readouterr().err
