@@ -259,3 +259,40 @@ def test_nmt_translate_speaks_tls_and_sends_the_token(tls_server: ServerThread, 
     assert len(capsys.readouterr().out.splitlines()) == 1
     assert translate.main([*args, "Open the file"]) == 1
     assert "UNAUTHENTICATED" in capsys.readouterr().err
+
+
+def test_deploy_examples_mount_certificate_and_tokens_as_secrets() -> None:
+    import shutil
+    import subprocess
+
+    import yaml
+
+    from service.config import check_unknown
+
+    deploy = Path(__file__).resolve().parents[1] / "deploy"
+    compose = yaml.safe_load((deploy / "docker-compose.tls.yml").read_text())
+    nmt = compose["services"]["nmt"]
+    env = {k: str(v) for k, v in nmt["environment"].items()}
+    check_unknown(env)  # every NMT_* is a setting (or a client's NMT_CLIENT_*)
+    security = parse([], env={k: v for k, v in env.items() if not k.startswith("NMT_CLIENT_")}).security
+    assert security.tls_client_ca_file and security.auth_token_file and not security.reflection
+    assert set(nmt["secrets"]) == set(compose["secrets"])
+    mounted = {f"/run/secrets/{name}" for name in nmt["secrets"]}
+    assert {v for k, v in env.items() if k.endswith("_FILE")} <= mounted
+    kubectl = shutil.which("kubectl")
+    if kubectl is None:
+        pytest.skip("kubectl not installed (kustomize)")
+    out = subprocess.run([kubectl, "kustomize", str(deploy / "k8s" / "tls")], capture_output=True,
+                         text=True, check=True, timeout=60).stdout
+    deployment = next(d for d in yaml.safe_load_all(out) if d["kind"] == "Deployment")
+    pod = deployment["spec"]["template"]["spec"]
+    c = pod["containers"][0]
+    env = {e["name"]: e["value"] for e in c["env"]}
+    check_unknown(env)
+    secrets = {v["name"] for v in pod["volumes"] if "secret" in v}
+    mounts = [m["mountPath"] for m in c["volumeMounts"] if m["name"] in secrets]
+    for name, value in env.items():
+        if name.endswith("_FILE") and name != "NMT_MODEL_REPOSITORY":
+            assert any(value.startswith(m + "/") for m in mounts), (name, value)
+    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+        assert "grpc" not in c[probe] and c[probe]["exec"]["command"][1] == "/opt/nmt/healthcheck.py"
