@@ -125,7 +125,9 @@ FLAGS: list[tuple[str, Callable[[str], object], object, str]] = [
     ("--model-repository", _text, str(DEFAULT_MODEL_REPOSITORY),
      "model version dir (with manifest.json) or a dir of <name>/<version>/ dirs"),
     ("--default-model", _text, "", "model name used when a request names none (default: first)"),
-    ("--host", _text, "0.0.0.0", "address the gRPC port binds to"),
+    # loopback by default: reaching the port is enough to call every RPC unless TLS and tokens
+    # are on; the container image sets NMT_HOST=0.0.0.0 (its network is the boundary there)
+    ("--host", _text, "127.0.0.1", "address the gRPC port binds to (0.0.0.0: every IPv4 interface)"),
     ("--port", _port, 50051, "gRPC port (0 = any free port)"),
     ("--metrics-host", _text, "", "address the metrics port binds to (empty: --host); 127.0.0.1 "
      "keeps /metrics off the network"),
