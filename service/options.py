@@ -13,7 +13,6 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from service.errors import invalid
-from service.text import placeholders
 
 INVISIBLE_CATEGORIES = frozenset({"Cc", "Cf", "Cs", "Cn", "Zs", "Zl", "Zp"})
 """Control, format (U+200B, U+FEFF, bidi marks), surrogate, unassigned and separator
@@ -75,20 +74,15 @@ def is_blank(text: str) -> bool:
 
 
 def _check_text(text: str, index: int, limits: Limits) -> None:
-    """Reject an empty, blank (whitespace or invisible characters only), oversized text, or one
-    with more placeholders than the model has reserved tokens (before tokenizing)."""
+    """Reject an empty, blank (whitespace or invisible characters only) or oversized text
+    (before tokenizing; the placeholder limit is the text layer's: ``placeholders.check_count``)."""
     field = f"texts[{index}]"
     if len(text) > limits.max_text_chars:  # first: the checks below read the whole text
         raise invalid(f"{field} length", f"at most {limits.max_text_chars} characters", len(text))
     if is_blank(text):
-        raise invalid(field, "a non-empty, non-whitespace string (with a visible character, not "
-                      "only whitespace, control or zero-width characters)", text)
-    count = len(placeholders.find(text))
-    if count > placeholders.MAX_PLACEHOLDERS:
-        # the model has MAX_PLACEHOLDERS reserved tokens; past them a placeholder is ordinary
-        # text the model may drop or rewrite, which breaks the promise that none is lost
-        raise invalid(f"{field} placeholders", f"at most {placeholders.MAX_PLACEHOLDERS} format "
-                      "placeholders (the model's reserved tokens; split the message)", count)
+        # invisible characters count as whitespace: the message is the same, and repr()
+        # shows them ('\u200b')
+        raise invalid(field, "a non-empty, non-whitespace string", text)
 
 
 def _check_options(options: DecodingOptions, limits: Limits) -> None:

@@ -33,6 +33,7 @@ from service.options import validate_request
 from service.proto.nmt.v1 import translation_pb2 as pb
 from service.proto.nmt.v1 import translation_pb2_grpc as pb_grpc
 from service.scheduling.scheduler import Scheduler
+from service.text import placeholders
 
 log = logging.getLogger("nmt.server")
 
@@ -165,6 +166,8 @@ class TranslatorServicer(pb_grpc.TranslatorServicer):
     def _prepare(self, request: pb.TranslateRequest) -> tuple[Model, list[Prepared]]:
         """Validate the whole request (once, here), then tokenize its texts."""
         options = validate_request(request.texts, convert.options(request.options), self.app.config.limits)
+        for i, text in enumerate(request.texts):
+            placeholders.check_count(text, f"texts[{i}]")
         model = self.app.models.get(request.model)
         refuse_if_full(model.scheduler, len(request.texts) * options.beam_size)
         return model, [model.engine.prepare(text, options, i) for i, text in enumerate(request.texts)]

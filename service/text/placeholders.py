@@ -15,6 +15,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from service.errors import invalid
+
 MAX_PLACEHOLDERS = 16
 """Reserved tokens ``｟0｠`` .. ``｟15｠``. The server refuses a text with more placeholders
 (``service.options``): past the limit a placeholder would be ordinary text, which the model
@@ -55,6 +57,16 @@ def reserved_tokens() -> list[str]:
 def find(text: str) -> list[str]:
     """The placeholders of ``text``, in order of appearance."""
     return [m.group(0) for m in _PATTERN.finditer(text)]
+
+
+def check_count(text: str, field: str) -> None:
+    """INVALID_ARGUMENT when ``text`` has more placeholders than there are reserved tokens:
+    past them a placeholder would be ordinary text that the model may drop or rewrite, which
+    breaks the promise that none is lost or invented. The client can split the message."""
+    count = len(find(text))
+    if count > MAX_PLACEHOLDERS:
+        raise invalid(f"{field} placeholders", f"at most {MAX_PLACEHOLDERS} format placeholders "
+                      "(the model's reserved tokens; split the message)", count)
 
 
 @dataclass(frozen=True)
