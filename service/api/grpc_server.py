@@ -54,8 +54,9 @@ MAX_PENDING_REQUESTS = 20_000
 """Calls gRPC core may hold before the servicer takes them (``grpc.server.max_pending_requests``
 and its hard limit; defaults 1000 and 3000). Above them core ends calls CANCELLED, unseen and
 uncounted: a burst of 2,000 got 165-211 of those. Measured (``loadtest/flood.py``, one channel,
-beam 5, long text, 2 cores): 2,000 and 5,000 concurrent calls, 0 CANCELLED at 20,000; each pending
-call costs only its received message (<= --max-message-bytes), read into memory anyway."""
+beam 5, long text; ``loadtest/results/flood.md``): 2,000 and 5,000 concurrent calls, 0 CANCELLED,
+every refusal counted. A pending call holds its headers and what HTTP/2 flow control let in of
+its message, as it would once taken; the queue of work stays bounded by --max-queued-work."""
 
 
 def server_options(config: ServeConfig) -> list[tuple[str, int]]:
