@@ -22,14 +22,13 @@ import gc
 import logging
 import time
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Sequence
+from typing import Any, Sequence
 
 from service.config import ServeConfig
-from service.errors import ErrorKind, ModelRepositoryError, NmtError, ProviderUnavailableError, shorten
+from service.errors import ErrorKind, ModelRepositoryError, NmtError, ProviderUnavailableError, shown
 from service.interface import Engine
 from service.metrics import Metrics
-from service.models.manifest import Manifest, load_manifest
+from service.models.manifest import Manifest, check_graphs, check_vocabularies, load_manifest
 from service.models.repository import VersionDir, latest, scan
 from service.options import DecodingOptions
 from service.scheduling.scheduler import Scheduler
@@ -64,9 +63,22 @@ def make_engine(config: ServeConfig, d: VersionDir) -> Engine:
                                    f"the directory {d.ref}")
     precision, why = manifest.default_precision() if config.precision == "auto" else (config.precision, "asked")
     log.info("%s/%s: %s graphs (%s)", manifest.name, manifest.version, precision, why)
-    return OnnxEngine(manifest, precision=precision, provider=config.provider,
-                      intra_op_threads=config.threads or None, limits=config.limits,
-                      decoder_spinning=config.decoder_spinning)
+    engine = OnnxEngine(manifest, precision=precision, provider=config.provider,
+                        intra_op_threads=config.threads or None, limits=config.limits,
+                        decoder_spinning=config.decoder_spinning)
+    check_engine(engine, precision)
+    return engine
+
+
+def check_engine(engine: Any, precision: str) -> None:
+    """A loaded ONNX engine's graphs and tokenizers must agree with its manifest's model_config:
+    checksums prove the files are the ones listed, not that they belong together."""
+    sessions = {"encoder": engine.runtime.encoder, "decoder_step": engine.runtime.decoder}
+    shapes = {graph: {a.name: list(a.shape) for a in [*s.get_inputs(), *s.get_outputs()]}
+              for graph, s in sessions.items()}
+    check_graphs(engine.manifest, precision, shapes)
+    check_vocabularies(engine.manifest, source=engine.tokenizer.source.get_piece_size(),
+                       target=engine.tokenizer.target.get_piece_size())
 
 
 def load_engines(config: ServeConfig) -> list[Engine]:
@@ -133,8 +145,8 @@ class ServedModels:
         matches = [m for m in self._loaded.values() if name in (m.manifest.name, m.ref)]
         if not matches:
             known = sorted({m.manifest.name for m in self._loaded.values()})
-            raise NmtError(ErrorKind.NOT_FOUND, f"model must be one of {shorten(repr(known), 300)} "
-                           f"(or name/version of a loaded version), got {shorten(name, 80)!r}")
+            raise NmtError(ErrorKind.NOT_FOUND, f"model must be one of {shown(known, 300)} "
+                           f"(or name/version of a loaded version), got {shown(name)}")
         return max(matches, key=lambda m: version_key(m.manifest.version))
 
     def start(self) -> None:
@@ -208,7 +220,7 @@ class ServedModels:
             if not d.path.is_dir():
                 raise ModelRepositoryError(f"{d.path}: removed while it was being loaded")
         except (*LOAD_ERRORS, asyncio.TimeoutError) as e:
-            log.warning("refused %s: %s", d.ref, shorten(str(e) or type(e).__name__, 300))
+            log.warning("refused %s: %s", d.ref, str(e)[:300] or type(e).__name__)
             self.metrics.model_load_failures.labels(d.name).inc()
             if model is not None:
                 await model.scheduler.close()

@@ -35,13 +35,29 @@ class SchedulerConfig:
 
 
 @dataclass(frozen=True)
+class SecurityConfig:
+    """Who may call: TLS (with client certificates: mTLS), bearer tokens, reflection."""
+
+    tls_cert_file: Path | None = None  # PEM certificate chain; with tls_key_file: serve TLS
+    tls_key_file: Path | None = None  # PEM private key
+    tls_client_ca_file: Path | None = None  # PEM CAs; set: client certificates required (mTLS)
+    auth_token_file: Path | None = None  # one token per line; set: nmt.v1 and reflection need one
+    reflection: bool = True
+
+    @property
+    def tls(self) -> bool:
+        return self.tls_cert_file is not None
+
+
+@dataclass(frozen=True)
 class ServeConfig:
     """Everything ``nmt serve`` needs; validated once, passed whole."""
 
     model_repository: Path  # one model version dir, or a dir of <name>/<version>/
     default_model: str  # name served when a request leaves `model` empty ("" = first)
-    host: str  # address both ports bind to
+    host: str  # address the gRPC port binds to
     port: int  # gRPC port (0 = any free port)
+    metrics_host: str  # address the metrics port binds to ("" = host)
     metrics_port: int  # Prometheus /metrics port (0 = any free port)
     precision: str  # graph variant: "fp32", "int8", or "auto" (each model's measured choice)
     provider: str  # ONNX Runtime provider: "cpu" or "cuda"
@@ -56,6 +72,7 @@ class ServeConfig:
     model_control: str = "none"  # "poll": rescan the repository every poll_seconds (and on SIGHUP)
     poll_seconds: float = 30.0
     model_versions: str = "latest"  # "latest": one version per name served; "all": every version
+    security: SecurityConfig = SecurityConfig()  # TLS, mTLS, tokens, reflection
 
 
 class ConfigError(ValueError):
@@ -111,8 +128,12 @@ FLAGS: list[tuple[str, Callable[[str], object], object, str]] = [
     ("--model-repository", _text, str(DEFAULT_MODEL_REPOSITORY),
      "model version dir (with manifest.json) or a dir of <name>/<version>/ dirs"),
     ("--default-model", _text, "", "model name used when a request names none (default: first)"),
-    ("--host", _text, "0.0.0.0", "address to bind"),
+    # loopback by default: reaching the port is enough to call every RPC unless TLS and tokens
+    # are on; the container image sets NMT_HOST=0.0.0.0 (its network is the boundary there)
+    ("--host", _text, "127.0.0.1", "address the gRPC port binds to (0.0.0.0: every IPv4 interface)"),
     ("--port", _port, 50051, "gRPC port (0 = any free port)"),
+    ("--metrics-host", _text, "", "address the metrics port binds to (empty: --host); 127.0.0.1 "
+     "keeps /metrics off the network"),
     ("--metrics-port", _port, 9464, "Prometheus /metrics port (0 = any free port)"),
     ("--precision", _choice("auto", "fp32", "int8"), "auto",
      "graph precision; auto: int8 where the model's manifest shows it within 0.3 BLEU of fp32"),
@@ -145,6 +166,14 @@ FLAGS: list[tuple[str, Callable[[str], object], object, str]] = [
     ("--poll-seconds", _seconds, 30.0, "seconds between rescans with --model-control poll"),
     ("--model-versions", _choice("latest", "all"), "latest",
      "latest: the newest version of each name serves; all: every version found (pin with name/version)"),
+    ("--tls-cert-file", _text, "", "PEM certificate chain: serve gRPC over TLS (with --tls-key-file); "
+     "re-read when the file changes"),
+    ("--tls-key-file", _text, "", "PEM private key of --tls-cert-file"),
+    ("--tls-client-ca-file", _text, "", "PEM CA certificates: client certificates are required and "
+     "verified against them (mTLS)"),
+    ("--auth-token-file", _text, "", "bearer tokens, one per line (# comments); set: every nmt.v1 "
+     "RPC and reflection need 'authorization: Bearer <token>' (health does not); re-read on change"),
+    ("--reflection", _choice("on", "off"), "on", "gRPC server reflection"),
 ]
 
 
@@ -152,7 +181,7 @@ def env_name(flag: str) -> str:
     return "NMT_" + flag.lstrip("-").replace("-", "_").upper()
 
 
-OTHER_VARIABLES = ("NMT_SERVER", "NMT_LOCUST_", "NMT_SMOKE_")
+OTHER_VARIABLES = ("NMT_SERVER", "NMT_LOCUST_", "NMT_SMOKE_", "NMT_CLIENT_")
 """``NMT_*`` variables (or prefixes) read by the other tools of this project (``nmt translate``,
 the Locust and container-smoke scripts), not by ``nmt serve``."""
 
@@ -184,7 +213,8 @@ def parse(argv: list[str], env: Mapping[str, str] | None = None) -> ServeConfig:
     args = parser.parse_args(argv)
     return ServeConfig(
         model_repository=Path(args.model_repository), default_model=args.default_model,
-        host=args.host, port=args.port, metrics_port=args.metrics_port,
+        host=args.host, port=args.port, metrics_host=args.metrics_host or args.host,
+        metrics_port=args.metrics_port,
         precision=args.precision, provider=args.provider, threads=args.threads,
         decoder_spinning=args.decoder_spinning == "on",
         scheduler=SchedulerConfig(max_rows=args.max_rows, max_tokens=args.max_tokens,
@@ -196,4 +226,24 @@ def parse(argv: list[str], env: Mapping[str, str] | None = None) -> ServeConfig:
         max_message_bytes=args.max_message_bytes, grace_period=args.grace_period,
         max_connection_age=args.max_connection_age,
         log_level=args.log_level, model_control=args.model_control,
-        poll_seconds=max(args.poll_seconds, 0.1), model_versions=args.model_versions)
+        poll_seconds=max(args.poll_seconds, 0.1), model_versions=args.model_versions,
+        security=security(args))
+
+
+def _path(text: str) -> Path | None:
+    return Path(text) if text else None
+
+
+def security(args: argparse.Namespace) -> SecurityConfig:
+    """The TLS and token settings; a key without its certificate (or the reverse), or client
+    CAs without TLS, is an error: half a TLS setting must not become plaintext."""
+    cert, key, ca = _path(args.tls_cert_file), _path(args.tls_key_file), _path(args.tls_client_ca_file)
+    if (cert is None) != (key is None):
+        given, missing = ("--tls-cert-file", "--tls-key-file") if key is None else (
+            "--tls-key-file", "--tls-cert-file")
+        raise ConfigError(f"{given} needs {missing} ({env_name(missing)})")
+    if ca is not None and cert is None:
+        raise ConfigError("--tls-client-ca-file needs --tls-cert-file and --tls-key-file")
+    return SecurityConfig(tls_cert_file=cert, tls_key_file=key, tls_client_ca_file=ca,
+                          auth_token_file=_path(args.auth_token_file),
+                          reflection=args.reflection == "on")
