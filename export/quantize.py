@@ -9,7 +9,14 @@ but was only 1.2-1.35x faster than fp32 at 32 rows (accuracy level 4), and
 slower than fp32 at the default level. So every matrix product with a constant
 weight is rewritten here into standard ONNX ops:
 
-- weights: int8, symmetric, one scale per output column, fixed at export;
+- weights: int8, symmetric, one scale per output column, fixed at export,
+  stored as uint8 around a zero point of 128 (``unsigned``): ONNX Runtime's
+  u8 x s8 kernel for AVX2 without VNNI adds pairs of products in saturating
+  16-bit lanes (``vpmaddubsw``), which wrecks these products (measured on an
+  AVX2-only host: the u8 x s8 graphs of models/en-fr/1 gave encoder 0.53 and
+  step 1.73 max |diff| vs PyTorch, tolerance 0.1 / 0.25); u8 x u8 products are
+  exact int32 on every CPU (same host: 0.070 / 0.163, the figures u8 x s8 gives
+  where it is exact, VNNI or AMX), for ~14% more product time there;
 - activations: one scale per row (per vector along the last axis),
   ``max|x| / 127``, computed in the graph; uint8 around a zero point of 128;
 - the int32 product (exact in any order) is scaled by the weight scales inside
@@ -124,6 +131,11 @@ def symmetric_int8(values: np.ndarray, *, axis: int) -> tuple[np.ndarray, np.nda
     return quantized, scale.astype(np.float32)
 
 
+def unsigned(quantized: np.ndarray) -> np.ndarray:
+    """int8 weights as uint8 around ``ZERO_POINT``: products are then u8 x u8 (see the module doc)."""
+    return (quantized.astype(np.int16) + ZERO_POINT).astype(np.uint8)
+
+
 def row_quantize_nodes(x: str, opset: int) -> tuple[list[NodeProto], tuple[str, str]]:
     """x (..., in_features) float -> uint8 around 128 and its scale (..., 1), one per row:
     the nodes and the names of (quantized, scale)."""
@@ -146,11 +158,12 @@ def matmul_nodes(node: NodeProto, weight: np.ndarray, bias: str | None, row: tup
     """int32 product of the quantized row and weights, scaled back to float (+ bias)."""
     quantized, scale = symmetric_int8(weight, axis=0)  # (in_features, out_features), (1, out_features)
     p, out = f"{PREFIX}{node.name or node.output[0]}/", node.output[0]
-    added += [numpy_helper.from_array(quantized, p + "weight"),
+    added += [numpy_helper.from_array(unsigned(quantized), p + "weight"),
               numpy_helper.from_array(scale.reshape(-1), p + "weight_scale")]
     scaled = p + "row_scaled" if bias else out
-    nodes = [helper.make_node("MatMulIntegerToFloat",  # int32 product * 1 * weight_scale, as float
-                              [row[0], p + "weight", PREFIX + "one", p + "weight_scale", PREFIX + "zero_point"],
+    nodes = [helper.make_node("MatMulIntegerToFloat",  # int32 product * 1 * weight_scale, as float (u8 x u8)
+                              [row[0], p + "weight", PREFIX + "one", p + "weight_scale", PREFIX + "zero_point",
+                               PREFIX + "zero_point"],
                               [p + "column_scaled"], domain=CONTRIB_DOMAIN),
              helper.make_node("Mul", [p + "column_scaled", row[1]], [scaled])]
     if bias:
