@@ -1,7 +1,7 @@
 """Decoder-step latency: fp32 vs int8 ONNX Runtime vs PyTorch eager, side by side.
 
-    python loadtest/bench_step.py models/en-fr/1 [--checkpoint PATH]
-        [--rows 1 8 32 64 160] [--src-len 20] [--threads 2] [--rounds 7] [--steps 30]
+    python loadtest/bench_step.py models/en-fr/1 [--checkpoint PATH] [--old-int8 GRAPH]
+        [--rows 32 160 512] [--src-len 20] [--threads 2] [--rounds 7] [--steps 30] [--no-bf16]
 
 One decoder step (log-probs, top-k, next state, attention) at each row count
 (160 rows = a batch of 32 texts at beam 5), as the engine runs it: the ONNX
@@ -13,6 +13,15 @@ spinning), for ``--rounds`` rounds; reported: the median over rounds of each
 block's median. This is the ceiling of any engine-level speed-up: the rest of
 decoding (search, tokenization) is the same work on both sides. Writes
 ``bench_step.md`` and ``bench_step.json``.
+
+Also timed, in the same rotation: PyTorch with bf16 weights and activations
+(``model.to(torch.bfloat16)``); ``--old-int8``, another int8 step graph (e.g.
+the previous export, ``git show HEAD~1:models/en-fr/1/decoder_step.int8.onnx``)
+run the same way; and each int8 graph's *matrix-product floor*: its
+``MatMulIntegerToFloat`` nodes alone (``export.int8_step.product_floor``: same
+weights, same shapes, uint8 inputs at the same row count, same session
+options), what the step would cost if everything around the products were
+free. The report gives step / floor for each int8 graph.
 """
 
 from __future__ import annotations
@@ -28,12 +37,15 @@ from importlib import metadata
 from pathlib import Path
 
 import numpy as np
+import onnx
+import onnxruntime as ort
 import torch
 
 from export.checkpoint import load_checkpoint
+from export.int8_step import product_floor
 from export.verify import FIRST_ID, Graphs
-from service.manifest import load_manifest
-from service.runtime import Runtime
+from service.manifest import DECODER_INPUTS, load_manifest
+from service.runtime import Runtime, _session_options
 from service.tokenizer import EOS_ID, PAD_ID
 
 TOP_K = 10  # what a beam of 5 asks for (2 x beam)
@@ -52,8 +64,20 @@ def step_inputs(graphs: Graphs, *, rows: int, src_len: int, vocab_sizes: tuple[i
             "state": state, "annotations": annotations, "keys": keys, "src_mask": src != PAD_ID}
 
 
-def engines(repo: Path, checkpoint: Path | None, threads: int) -> dict[str, Callable[[dict], object]]:
-    """name -> one decoder step on a feed dict."""
+FLOOR = "floor"  # name prefix of a matrix-product floor
+STEP_OUTPUTS = ["topk_log_probs", "topk_ids", "next_state", "attention"]  # what the engine fetches
+
+
+def floor_session(step_graph: Path, threads: int) -> ort.InferenceSession:
+    """The int8 step's products alone, with the decoder's serving session options."""
+    model = product_floor(onnx.load(str(step_graph)))
+    return ort.InferenceSession(model.SerializeToString(), _session_options(threads, spinning=True),
+                                providers=["CPUExecutionProvider"])
+
+
+def engines(repo: Path, checkpoint: Path | None, threads: int, *, old_int8: Path | None = None,
+            bf16: bool = True) -> dict[str, Callable[[dict], object]]:
+    """name -> one decoder step on a feed dict (floors: their products on uint8 inputs)."""
     manifest = load_manifest(repo)
     out: dict[str, Callable[[dict], object]] = {}
     for precision in manifest.graphs:
@@ -64,19 +88,52 @@ def engines(repo: Path, checkpoint: Path | None, threads: int) -> dict[str, Call
             return runtime.step(f["prev_tokens"], f["state"], context, TOP_K)
 
         out[f"onnx {precision}"] = onnx_step
+    int8_graphs = {}
+    if "int8" in manifest.graphs:
+        int8_graphs["int8"] = manifest.path(manifest.graphs["int8"].decoder_step)
+    if old_int8 is not None:
+        session = ort.InferenceSession(str(old_int8), _session_options(threads, spinning=True),
+                                       providers=["CPUExecutionProvider"])
+
+        def old_step(f: dict, session: ort.InferenceSession = session) -> object:
+            feed = {k: v for k, v in f.items() if k in DECODER_INPUTS}
+            return session.run(STEP_OUTPUTS, {**feed, "k": np.array(TOP_K, dtype=np.int64)})
+
+        out["onnx int8 old"] = old_step
+        int8_graphs["int8 old"] = old_int8
+    for name, graph in int8_graphs.items():
+        session = floor_session(graph, threads)
+
+        def floor(f: dict, session: ort.InferenceSession = session, key: str = f"{FLOOR} {name}") -> object:
+            return session.run(None, f[key])
+
+        out[f"{FLOOR} {name}"] = floor
     if checkpoint is not None:
         torch.set_num_threads(threads)
         model = load_checkpoint(checkpoint).model()
+        models = {"torch eager": (model, torch.float32)}
+        if bf16:
+            models["torch bf16"] = (load_checkpoint(checkpoint).model().to(torch.bfloat16), torch.bfloat16)
+        for name, (m, dtype) in models.items():
 
-        @torch.inference_mode()
-        def torch_step(f: dict) -> object:
-            t = {k: torch.from_numpy(v) for k, v in f.items()}
-            log_probs, state, alpha = model.step_log_probs(
-                t["prev_tokens"], t["state"], t["annotations"], t["keys"], t["src_mask"])
-            return log_probs.topk(TOP_K, dim=1), state, alpha
+            @torch.inference_mode()
+            def torch_step(f: dict, m=m, dtype=dtype) -> object:
+                t = {k: torch.from_numpy(v) for k, v in f.items() if not k.startswith(FLOOR)}
+                t = {k: v.to(dtype) if v.is_floating_point() else v for k, v in t.items()}
+                log_probs, state, alpha = m.step_log_probs(
+                    t["prev_tokens"], t["state"], t["annotations"], t["keys"], t["src_mask"])
+                return log_probs.topk(TOP_K, dim=1), state, alpha
 
-        out["torch eager"] = torch_step
+            out[name] = torch_step
     return out
+
+
+def floor_inputs(step_graph: Path, rows: int, rng: np.random.Generator) -> dict[str, np.ndarray]:
+    """Random uint8 activations for the floor graph of ``step_graph`` at ``rows`` rows."""
+    graph = product_floor(onnx.load(str(step_graph))).graph
+    inits = {t.name: t for t in graph.initializer}
+    return {node.input[0]: rng.integers(1, 256, size=(rows, inits[node.input[1]].dims[0])).astype(np.uint8)
+            for node in graph.node}
 
 
 def measure(run: dict[str, Callable[[dict], object]], feed: dict, rounds: int, steps: int) -> dict[str, float]:
@@ -96,19 +153,24 @@ def measure(run: dict[str, Callable[[dict], object]], feed: dict, rounds: int, s
 
 def report(results: list[dict], meta: dict) -> str:
     names = [k for k in results[0] if k != "rows"]
-    onnx = [n for n in names if n.startswith("onnx")]
+    onnx_names = [n for n in names if n.startswith("onnx")]
+    floors = [n for n in names if n.startswith(FLOOR) and f"onnx {n[len(FLOOR) + 1:]}" in names]
     lines = [f"# Decoder-step latency ({meta['model']})", "",
              f"ms per step (median over {meta['rounds']} rounds of each engine's median over a block of "
              f"{meta['steps']} steps); src_len {meta['src_len']} (+1 masked column), top-k {TOP_K}, "
              f"{meta['threads']} thread(s); {meta['cpu']}; onnxruntime {meta['onnxruntime']}, "
-             f"torch {meta['torch']}. 160 rows = 32 texts at beam 5.", "",
+             f"torch {meta['torch']}. 160 rows = 32 texts at beam 5. \"floor X\": the int8 graph X's "
+             "matrix products alone (same weights and shapes, uint8 inputs); \"X / floor\": the step over "
+             "its floor.", "",
              "| rows | " + " | ".join(f"{n} (ms)" for n in names) + " | "
-             + " | ".join(f"{n} x torch" for n in onnx) + " |",
-             "|---:|" + "---:|" * (len(names) + len(onnx))]
+             + " | ".join(f"{n} x torch" for n in onnx_names) + " | "
+             + " | ".join(f"{n[len(FLOOR) + 1:]} / floor" for n in floors) + " |",
+             "|---:|" + "---:|" * (len(names) + len(onnx_names) + len(floors))]
     for r in results:
-        ratios = [f"{r['torch eager'] / r[n]:.2f}x" if "torch eager" in r else "-" for n in onnx]
+        ratios = [f"{r['torch eager'] / r[n]:.2f}x" if "torch eager" in r else "-" for n in onnx_names]
+        over = [f"{r['onnx ' + f[len(FLOOR) + 1:]] / r[f]:.2f}" for f in floors]
         lines.append(f"| {r['rows']} | " + " | ".join(f"{r[n]:.3f}" for n in names) + " | "
-                     + " | ".join(ratios) + " |")
+                     + " | ".join(ratios) + " | " + " | ".join(over) + " |")
     return "\n".join(lines) + "\n"
 
 
@@ -117,7 +179,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("repo", type=Path)
     p.add_argument("--checkpoint", type=Path, help="default: the one recorded in the manifest")
     p.add_argument("--no-torch", action="store_true", help="skip PyTorch eager")
-    p.add_argument("--rows", type=int, nargs="+", default=[1, 8, 32, 64, 160])
+    p.add_argument("--old-int8", type=Path, help="another int8 decoder-step graph to time beside it")
+    p.add_argument("--no-bf16", action="store_true", help="skip PyTorch with bf16 weights")
+    p.add_argument("--rows", type=int, nargs="+", default=[1, 8, 32, 160, 512])
     p.add_argument("--src-len", type=int, default=20)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--rounds", type=int, default=7)
@@ -127,7 +191,7 @@ def main(argv: list[str] | None = None) -> int:
     manifest = load_manifest(args.repo)
     checkpoint = None if args.no_torch else (
         args.checkpoint or args.repo.parent / manifest.raw["checkpoint"]["file"])
-    run = engines(args.repo, checkpoint, args.threads)
+    run = engines(args.repo, checkpoint, args.threads, old_int8=args.old_int8, bf16=not args.no_bf16)
     cfg = manifest.model_config
     fp32 = Graphs(manifest, "fp32", threads=args.threads)
     rng = np.random.default_rng(0)
@@ -135,8 +199,13 @@ def main(argv: list[str] | None = None) -> int:
     for rows in args.rows:
         feed = step_inputs(fp32, rows=rows, src_len=args.src_len,
                            vocab_sizes=(cfg["src_vocab_size"], cfg["tgt_vocab_size"]), rng=rng)
+        if "int8" in manifest.graphs:
+            feed[f"{FLOOR} int8"] = floor_inputs(manifest.path(manifest.graphs["int8"].decoder_step), rows, rng)
+        if args.old_int8 is not None:
+            feed[f"{FLOOR} int8 old"] = floor_inputs(args.old_int8, rows, rng)
         results.append({"rows": rows, **measure(run, feed, args.rounds, args.steps)})
     meta = {"model": f"{manifest.name}/{manifest.version}", "model_config": cfg, "rounds": args.rounds,
+            "old_int8": str(args.old_int8) if args.old_int8 else None,
             "steps": args.steps,
             "src_len": args.src_len, "threads": args.threads, "top_k": TOP_K,
             "cpu": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores",
