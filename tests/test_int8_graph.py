@@ -167,3 +167,32 @@ def test_products_are_exact_at_the_extremes() -> None:
     scale = numpy_helper.to_array(next(t for t in g.inits if t.name == "p/weight_scale"))
     exact = (a.astype(np.int64) - quantize.ZERO_POINT) @ np.round(weight * 127).astype(np.int64)
     np.testing.assert_allclose(got, exact * scale, rtol=1e-6)
+
+
+@pytest.mark.parametrize("k", [1, 2, 5, 45, 90])
+def test_blocked_topk_is_the_plain_topk(odd_model: RNNSearch, k: int) -> None:
+    """Values and ids identical to one TopK over the vocabulary (90 = 2 blocks of 45), ties too."""
+    assert int8_step.topk_width(90, int8_step.TOPK_BLOCK) == 45
+    blocked = int8_step.build_int8_step(odd_model)
+    assert sum(n.op_type == "TopK" for n in blocked.graph.node) == 3
+    plain = int8_step.build_int8_step(odd_model, topk_block=None)
+    rng = np.random.default_rng(k)
+    feed, _ = step_feed(odd_model, rng, rows=11, src_len=6, k=k)
+    a, b = session(blocked).run(None, feed), session(plain).run(None, feed)
+    for name, x, y in zip(DECODER_OUTPUTS, a, b):
+        assert np.array_equal(x, y), name
+    # ties: a row of equal log-probabilities resolves to the lowest ids, as TopK does
+    lp = np.zeros((2, 90), dtype=np.float32)
+    lp[1, 50:] = 1.0
+    graph = helper.make_graph([], "t", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, 90]),
+                                        helper.make_tensor_value_info("k", TensorProto.INT64, [])], [], [])
+    g = int8_step._Graph()
+    int8_step._blocked_topk(g, "x", g.one("Reshape", ["k", g.const("one_dim", [1], np.int64)]), 2, 45)
+    graph.node.extend(g.nodes)
+    graph.initializer.extend(g.inits)
+    graph.output.extend([helper.make_tensor_value_info("topk_log_probs", TensorProto.FLOAT, [None, None]),
+                         helper.make_tensor_value_info("topk_ids", TensorProto.INT64, [None, None])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    values, ids = session(model).run(None, {"x": lp, "k": np.array(k, dtype=np.int64)})
+    assert ids[0].tolist() == list(range(k)) and ids[1].tolist() == list(range(50, 50 + k))[:40] + \
+        list(range(0, max(k - 40, 0)))
