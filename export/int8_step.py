@@ -126,8 +126,10 @@ def build_int8_step(model: RNNSearch, *, topk_block: int | None = TOPK_BLOCK) ->
 
     # additive attention: v^T tanh(keys + W s), masked, softmax over src_len, context
     hidden = g.one("Tanh", [g.one("Add", ["keys", g.one("Unsqueeze", [query, g.const("axis1", [1], np.int64)])])])
-    energy = g.one("MatMul", [hidden, g.const("attention_v", _np(dec.attention.v.weight).reshape(-1, 1))])
-    energy = g.one("Reshape", [energy, g.const("rows_by_src", [0, -1], np.int64)])  # (rows, src_len)
+    # v as the left side of a Gemm (1, A) x (rows * src_len, A)^T: 3x faster than a MatMul by (A, 1)
+    hidden = g.one("Reshape", [hidden, g.const("flat_hidden", [-1, A], np.int64)])  # (rows * src_len, A)
+    energy = g.one("Gemm", [g.const("attention_v", _np(dec.attention.v.weight).reshape(1, A)), hidden], transB=1)
+    energy = g.one("Reshape", [energy, g.one("Shape", ["src_mask"])])  # (rows, src_len)
     energy = g.one("Where", ["src_mask", energy, g.const("neg_large", NEG_LARGE)])  # (rows, src_len)
     alpha = g.one("Softmax", [energy], "attention", axis=1)
     context = g.one("MatMul", [g.one("Unsqueeze", [alpha, "axis1"]), "annotations"])  # (rows, 1, C)
