@@ -58,10 +58,11 @@ TOPK_BLOCK = 64  # width of the blocks of the blocked top-k (measured best of 32
 class _Graph:
     """Nodes and initializers under construction."""
 
-    def __init__(self) -> None:
+    def __init__(self, prefix: str = "") -> None:
         self.nodes: list[onnx.NodeProto] = []
         self.inits: list[onnx.TensorProto] = []
         self.count = 0
+        self.prefix = prefix  # of generated names (a subgraph's must not shadow its graph's)
 
     def const(self, name: str, value: np.ndarray | float | int | list, dtype=np.float32) -> str:
         self.inits.append(numpy_helper.from_array(np.asarray(value, dtype=dtype), name))
@@ -70,9 +71,9 @@ class _Graph:
     def op(self, op_type: str, inputs: list[str], outputs: int | list[str] = 1, *, domain: str = "",
            **attrs) -> list[str]:
         self.count += 1
-        names = outputs if isinstance(outputs, list) else [f"{op_type.lower()}_{self.count}_{i}"
+        names = outputs if isinstance(outputs, list) else [f"{self.prefix}{op_type.lower()}_{self.count}_{i}"
                                                            for i in range(outputs)]
-        self.nodes.append(helper.make_node(op_type, inputs, names, name=f"{op_type}_{self.count}",
+        self.nodes.append(helper.make_node(op_type, inputs, names, name=f"{self.prefix}{op_type}_{self.count}",
                                            domain=domain, **attrs))
         return names
 
