@@ -1,7 +1,8 @@
 """Decoder-step latency: fp32 vs int8 ONNX Runtime vs PyTorch eager, side by side.
 
     python loadtest/bench_step.py models/en-fr/1 [--checkpoint PATH] [--old-int8 GRAPH]
-        [--rows 32 160 512] [--src-len 20] [--threads 2] [--rounds 7] [--steps 30] [--no-bf16]
+        [--old-int8-encoder GRAPH] [--encoder-batches 32] [--rows 32 160 512] [--src-len 20]
+        [--threads 2] [--rounds 7] [--steps 30] [--no-bf16]
 
 One decoder step (log-probs, top-k, next state, attention) at each row count
 (160 rows = a batch of 32 texts at beam 5), as the engine runs it: the ONNX
@@ -21,7 +22,8 @@ run the same way; and each int8 graph's *matrix-product floor*: its
 ``MatMulIntegerToFloat`` nodes alone (``export.int8_step.product_floor``: same
 weights, same shapes, uint8 inputs at the same row count, same session
 options), what the step would cost if everything around the products were
-free. The report gives step / floor for each int8 graph.
+free. The report gives step / floor for each int8 graph. Then the encoders
+(each precision's, and ``--old-int8-encoder``) at ``--encoder-batches``.
 """
 
 from __future__ import annotations
@@ -43,7 +45,7 @@ import torch
 
 from export.checkpoint import load_checkpoint
 from export.int8_step import product_floor
-from export.verify import FIRST_ID, Graphs
+from export.verify import FIRST_ID, Graphs, random_batch
 from service.manifest import DECODER_INPUTS, load_manifest
 from service.runtime import Runtime, _session_options
 from service.tokenizer import EOS_ID, PAD_ID
@@ -151,7 +153,20 @@ def measure(run: dict[str, Callable[[dict], object]], feed: dict, rounds: int, s
     return {name: statistics.median(b) for name, b in blocks.items()}
 
 
-def report(results: list[dict], meta: dict) -> str:
+def encoders(repo: Path, threads: int, old_int8: Path | None) -> dict[str, Callable[[dict], object]]:
+    """name -> one encoder run on a feed dict (the serving session options: no spinning)."""
+    manifest = load_manifest(repo)
+    files = {f"onnx {p}": manifest.path(manifest.graphs[p].encoder) for p in manifest.graphs}
+    if old_int8 is not None:
+        files["onnx int8 old"] = old_int8
+    out = {}
+    for name, file in files.items():
+        session = ort.InferenceSession(str(file), _session_options(threads), providers=["CPUExecutionProvider"])
+        out[name] = lambda f, session=session: session.run(None, f)
+    return out
+
+
+def report(results: list[dict], meta: dict, encoder: list[dict] | None = None) -> str:
     names = [k for k in results[0] if k != "rows"]
     onnx_names = [n for n in names if n.startswith("onnx")]
     floors = [n for n in names if n.startswith(FLOOR) and f"onnx {n[len(FLOOR) + 1:]}" in names]
@@ -171,6 +186,16 @@ def report(results: list[dict], meta: dict) -> str:
         over = [f"{r['onnx ' + f[len(FLOOR) + 1:]] / r[f]:.2f}" for f in floors]
         lines.append(f"| {r['rows']} | " + " | ".join(f"{r[n]:.3f}" for n in names) + " | "
                      + " | ".join(ratios) + " | " + " | ".join(over) + " |")
+    if encoder:
+        names = [k for k in encoder[0] if k not in ("batch", "src_len")]
+        lines += ["", f"Encoder, ms per batch (same method, blocks of {meta['steps']} runs; random sources of "
+                  "mixed lengths, the longest src_len):", "",
+                  "| batch | src_len | " + " | ".join(f"{n} (ms)" for n in names) + " |",
+                  "|---:|---:|" + "---:|" * len(names)]
+        lines += [f"| {r['batch']} | {r['src_len']} | " + " | ".join(f"{r[n]:.3f}" for n in names) + " |"
+                  for r in encoder]
+    lines += ["", f"Load average (1 min) before / after: {meta['load'][0]:.2f} / {meta['load'][1]:.2f} "
+              "(the CPU is shared: figures are comparable within a run, side by side)."]
     return "\n".join(lines) + "\n"
 
 
@@ -180,6 +205,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--checkpoint", type=Path, help="default: the one recorded in the manifest")
     p.add_argument("--no-torch", action="store_true", help="skip PyTorch eager")
     p.add_argument("--old-int8", type=Path, help="another int8 decoder-step graph to time beside it")
+    p.add_argument("--old-int8-encoder", type=Path, help="another int8 encoder graph to time beside it")
+    p.add_argument("--encoder-batches", type=int, nargs="*", default=[32], help="encoder batch sizes timed")
     p.add_argument("--no-bf16", action="store_true", help="skip PyTorch with bf16 weights")
     p.add_argument("--rows", type=int, nargs="+", default=[1, 8, 32, 160, 512])
     p.add_argument("--src-len", type=int, default=20)
@@ -195,6 +222,7 @@ def main(argv: list[str] | None = None) -> int:
     cfg = manifest.model_config
     fp32 = Graphs(manifest, "fp32", threads=args.threads)
     rng = np.random.default_rng(0)
+    load_before = os.getloadavg()[0]
     results = []
     for rows in args.rows:
         feed = step_inputs(fp32, rows=rows, src_len=args.src_len,
@@ -204,16 +232,27 @@ def main(argv: list[str] | None = None) -> int:
         if args.old_int8 is not None:
             feed[f"{FLOOR} int8 old"] = floor_inputs(args.old_int8, rows, rng)
         results.append({"rows": rows, **measure(run, feed, args.rounds, args.steps)})
+    encoder = []
+    if args.encoder_batches:
+        run_encoder = encoders(args.repo, args.threads, args.old_int8_encoder)
+        for batch in args.encoder_batches:
+            src, lengths = random_batch(rng, batch=batch, src_len=args.src_len, vocab_size=cfg["src_vocab_size"])
+            feed = {"src_ids": src, "src_lengths": lengths}
+            encoder.append({"batch": batch, "src_len": args.src_len,
+                            **measure(run_encoder, feed, args.rounds, args.steps)})
     meta = {"model": f"{manifest.name}/{manifest.version}", "model_config": cfg, "rounds": args.rounds,
             "old_int8": str(args.old_int8) if args.old_int8 else None,
             "steps": args.steps,
             "src_len": args.src_len, "threads": args.threads, "top_k": TOP_K,
             "cpu": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores",
-            "onnxruntime": metadata.version("onnxruntime"), "torch": torch.__version__}
+            "onnxruntime": metadata.version("onnxruntime"), "torch": torch.__version__,
+            "old_int8_encoder": str(args.old_int8_encoder) if args.old_int8_encoder else None,
+            "load": [load_before, os.getloadavg()[0]]}
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "bench_step.md").write_text(report(results, meta))
-    (args.out / "bench_step.json").write_text(json.dumps({"meta": meta, "results": results}, indent=1) + "\n")
-    print(report(results, meta))
+    (args.out / "bench_step.md").write_text(report(results, meta, encoder))
+    (args.out / "bench_step.json").write_text(
+        json.dumps({"meta": meta, "results": results, "encoder": encoder}, indent=1) + "\n")
+    print(report(results, meta, encoder))
     return 0
 
 
