@@ -138,17 +138,21 @@ def floor_inputs(step_graph: Path, rows: int, rng: np.random.Generator) -> dict[
             for node in graph.node}
 
 
-def measure(run: dict[str, Callable[[dict], object]], feed: dict, rounds: int, steps: int) -> dict[str, float]:
+CLOCKS = {"wall": time.perf_counter, "cpu": time.thread_time}
+
+
+def measure(run: dict[str, Callable[[dict], object]], feed: dict, rounds: int, steps: int,
+            clock: Callable[[], float] = time.perf_counter) -> dict[str, float]:
     """Median over rounds of each engine's median ms per step in a block of ``steps``."""
     blocks: dict[str, list[float]] = {name: [] for name in run}
     for _ in range(rounds):
         for name, step in run.items():
             times = []
             for i in range(WARMUP + steps):
-                start = time.perf_counter()
+                start = clock()
                 step(feed)
                 if i >= WARMUP:
-                    times.append((time.perf_counter() - start) * 1e3)
+                    times.append((clock() - start) * 1e3)
             blocks[name].append(statistics.median(times))
     return {name: statistics.median(b) for name, b in blocks.items()}
 
@@ -171,7 +175,8 @@ def report(results: list[dict], meta: dict, encoder: list[dict] | None = None) -
     onnx_names = [n for n in names if n.startswith("onnx")]
     floors = [n for n in names if n.startswith(FLOOR) and f"onnx {n[len(FLOOR) + 1:]}" in names]
     lines = [f"# Decoder-step latency ({meta['model']})", "",
-             f"ms per step (median over {meta['rounds']} rounds of each engine's median over a block of "
+             f"ms per step ({'CPU time of the calling thread' if meta.get('clock') == 'cpu' else 'wall clock'}; "
+             f"median over {meta['rounds']} rounds of each engine's median over a block of "
              f"{meta['steps']} steps); src_len {meta['src_len']} (+1 masked column), top-k {TOP_K}, "
              f"{meta['threads']} thread(s); {meta['cpu']}; onnxruntime {meta['onnxruntime']}, "
              f"torch {meta['torch']}. 160 rows = 32 texts at beam 5. \"floor X\": the int8 graph X's "
@@ -213,8 +218,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--rounds", type=int, default=7)
     p.add_argument("--steps", type=int, default=30, help="steps per engine per round")
+    p.add_argument("--clock", choices=sorted(CLOCKS), default="wall",
+                   help="cpu: the calling thread's CPU time, with --threads 1 (ONNX Runtime and PyTorch "
+                        "then compute on it), for a CPU shared with other work")
     p.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
     args = p.parse_args(argv)
+    if args.clock == "cpu" and args.threads != 1:
+        p.error("--clock cpu needs --threads 1")
+    clock = CLOCKS[args.clock]
     manifest = load_manifest(args.repo)
     checkpoint = None if args.no_torch else (
         args.checkpoint or args.repo.parent / manifest.raw["checkpoint"]["file"])
@@ -231,7 +242,7 @@ def main(argv: list[str] | None = None) -> int:
             feed[f"{FLOOR} int8"] = floor_inputs(manifest.path(manifest.graphs["int8"].decoder_step), rows, rng)
         if args.old_int8 is not None:
             feed[f"{FLOOR} int8 old"] = floor_inputs(args.old_int8, rows, rng)
-        results.append({"rows": rows, **measure(run, feed, args.rounds, args.steps)})
+        results.append({"rows": rows, **measure(run, feed, args.rounds, args.steps, clock)})
     encoder = []
     if args.encoder_batches:
         run_encoder = encoders(args.repo, args.threads, args.old_int8_encoder)
@@ -239,11 +250,11 @@ def main(argv: list[str] | None = None) -> int:
             src, lengths = random_batch(rng, batch=batch, src_len=args.src_len, vocab_size=cfg["src_vocab_size"])
             feed = {"src_ids": src, "src_lengths": lengths}
             encoder.append({"batch": batch, "src_len": args.src_len,
-                            **measure(run_encoder, feed, args.rounds, args.steps)})
+                            **measure(run_encoder, feed, args.rounds, args.steps, clock)})
     meta = {"model": f"{manifest.name}/{manifest.version}", "model_config": cfg, "rounds": args.rounds,
             "old_int8": str(args.old_int8) if args.old_int8 else None,
             "steps": args.steps,
-            "src_len": args.src_len, "threads": args.threads, "top_k": TOP_K,
+            "src_len": args.src_len, "threads": args.threads, "top_k": TOP_K, "clock": args.clock,
             "cpu": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores",
             "onnxruntime": metadata.version("onnxruntime"), "torch": torch.__version__,
             "old_int8_encoder": str(args.old_int8_encoder) if args.old_int8_encoder else None,
