@@ -2,7 +2,7 @@
 
     python loadtest/bench_step.py models/en-fr/1 [--checkpoint PATH] [--old-int8 GRAPH]
         [--old-int8-encoder GRAPH] [--encoder-batches 32] [--rows 32 160 512] [--src-len 20]
-        [--threads 2] [--rounds 7] [--steps 30] [--no-bf16]
+        [--threads 2] [--rounds 7] [--steps 30] [--no-bf16] [--clock wall|cpu] [--profile ROWS]
 
 One decoder step (log-probs, top-k, next state, attention) at each row count
 (160 rows = a batch of 32 texts at beam 5), as the engine runs it: the ONNX
@@ -170,6 +170,54 @@ def encoders(repo: Path, threads: int, old_int8: Path | None) -> dict[str, Calla
     return out
 
 
+def profile(graph: Path, feed: dict, threads: int, runs: int = 200, warmup: int = 20) -> tuple[float, dict, dict]:
+    """ONNX Runtime's profiler on the decoder step (``SessionOptions.enable_profiling``): median ms
+    of a run, and per op type and per node the median kernel ms (over ``runs`` runs)."""
+    import collections
+    import tempfile
+
+    opts = _session_options(threads, spinning=True)
+    opts.enable_profiling = True
+    with tempfile.TemporaryDirectory() as tmp:
+        opts.profile_file_prefix = str(Path(tmp) / "step")
+        session = ort.InferenceSession(str(graph), opts, providers=["CPUExecutionProvider"])
+        inputs = {k: feed[k] for k in DECODER_INPUTS if k in feed} | {"k": np.array(TOP_K, dtype=np.int64)}
+        for _ in range(warmup + runs):
+            session.run(STEP_OUTPUTS, inputs)
+        events = json.loads(Path(session.end_profiling()).read_text())
+    run_ms = statistics.median(e["dur"] for e in events if e.get("name") == "model_run") / 1e3
+    nodes: dict[str, list[float]] = collections.defaultdict(list)
+    ops: dict[str, str] = {}
+    for e in events:
+        if e.get("cat") == "Node" and e["name"].endswith("_kernel_time"):
+            name = e["name"][: -len("_kernel_time")]
+            nodes[name].append(e["dur"] / 1e3)
+            ops[name] = e["args"]["op_name"]
+    node_ms = {n: statistics.median(v[warmup:] or v) for n, v in nodes.items()}
+    by_op: dict[str, list] = collections.defaultdict(lambda: [0.0, 0])
+    for n, ms in node_ms.items():
+        by_op[ops[n]][0] += ms
+        by_op[ops[n]][1] += 1
+    return run_ms, dict(by_op), {n: (ops[n], ms) for n, ms in node_ms.items()}
+
+
+def profile_report(graphs: dict[str, Path], feed: dict, rows: int, threads: int, clock: str) -> str:
+    lines = [f"# Decoder-step profile at {rows} rows ({threads} thread(s))", "",
+             "ONNX Runtime's profiler (median kernel ms per op type over 200 runs; wall clock, so on a "
+             "shared CPU compare the graphs side by side, not with other runs).", ""]
+    for name, graph in graphs.items():
+        run_ms, by_op, nodes = profile(graph, feed, threads)
+        total = sum(t for t, _ in by_op.values())
+        products = by_op.get("MatMulIntegerToFloat", [0.0, 0])[0]
+        lines += [f"## {name} (`{graph}`)", "",
+                  f"run {run_ms:.3f} ms; kernels {total:.3f} ms, of which int8 products {products:.3f} ms "
+                  f"and the rest {total - products:.3f} ms ({len(nodes)} nodes).", "",
+                  "| op | ms | nodes |", "|---|---:|---:|"]
+        lines += [f"| {op} | {t:.3f} | {c} |" for op, (t, c) in sorted(by_op.items(), key=lambda x: -x[1][0])]
+        lines += [""]
+    return "\n".join(lines) + "\n"
+
+
 def report(results: list[dict], meta: dict, encoder: list[dict] | None = None) -> str:
     names = [k for k in results[0] if k != "rows"]
     onnx_names = [n for n in names if n.startswith("onnx")]
@@ -218,6 +266,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--rounds", type=int, default=7)
     p.add_argument("--steps", type=int, default=30, help="steps per engine per round")
+    p.add_argument("--profile", type=int, metavar="ROWS",
+                   help="only profile the int8 step graphs at ROWS rows (bench_step.profile.md)")
     p.add_argument("--clock", choices=sorted(CLOCKS), default="wall",
                    help="cpu: the calling thread's CPU time, with --threads 1 (ONNX Runtime and PyTorch "
                         "then compute on it), for a CPU shared with other work")
@@ -227,6 +277,19 @@ def main(argv: list[str] | None = None) -> int:
         p.error("--clock cpu needs --threads 1")
     clock = CLOCKS[args.clock]
     manifest = load_manifest(args.repo)
+    if args.profile:
+        fp32 = Graphs(manifest, "fp32", threads=args.threads)
+        cfg = manifest.model_config
+        feed = step_inputs(fp32, rows=args.profile, src_len=args.src_len,
+                           vocab_sizes=(cfg["src_vocab_size"], cfg["tgt_vocab_size"]), rng=np.random.default_rng(0))
+        graphs = {"int8": manifest.path(manifest.graphs["int8"].decoder_step)}
+        if args.old_int8 is not None:
+            graphs["int8 old"] = args.old_int8
+        text = profile_report(graphs, feed, args.profile, args.threads, args.clock)
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "bench_step.profile.md").write_text(text)
+        print(text)
+        return 0
     checkpoint = None if args.no_torch else (
         args.checkpoint or args.repo.parent / manifest.raw["checkpoint"]["file"])
     run = engines(args.repo, checkpoint, args.threads, old_int8=args.old_int8, bf16=not args.no_bf16)
