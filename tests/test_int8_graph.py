@@ -11,7 +11,7 @@ import pytest
 import torch
 from onnx import TensorProto, helper, numpy_helper
 
-from export import int8_step, quantize, verify
+from export import int8_step, parity, quantize, verify
 from export.checkpoint import load_checkpoint
 from export.model import ModelConfig, RNNSearch
 from service.models.manifest import DECODER_INPUTS, DECODER_OUTPUTS, load_manifest
@@ -85,7 +85,7 @@ def test_parity_with_pytorch(which: str, request: pytest.FixtureRequest) -> None
             log_probs, state, alpha = model.step_log_probs(t["prev_tokens"], t["state"], t["annotations"],
                                                            t["keys"], t["src_mask"])
         k = int(feed["k"])
-        worst = max(worst, verify.max_diff((out["log_probs"], log_probs.numpy()),
+        worst = max(worst, parity.max_diff((out["log_probs"], log_probs.numpy()),
                                            (out["topk_log_probs"], log_probs.topk(k, dim=1).values.numpy()),
                                            (out["next_state"], state.numpy()), (out["attention"], alpha.numpy())))
         # the top-k is the top-k of the graph's own log-probabilities, in order
@@ -217,7 +217,7 @@ def test_int8_encoder_parity_and_padding(which: str, request: pytest.FixtureRequ
         out = sess.run(["annotations", "keys", "init_state"], {"src_ids": src, "src_lengths": lengths})
         with torch.inference_mode():
             ref = model.encoder(torch.from_numpy(src), torch.from_numpy(lengths))
-        worst = max(worst, verify.max_diff(*zip(out, (r.numpy() for r in ref))))
+        worst = max(worst, parity.max_diff(*zip(out, (r.numpy() for r in ref))))
         assert not out[0][np.arange(src_len)[None, :] >= lengths[:, None]].any()  # zero at padding
         for row in range(batch):
             n = int(lengths[row])

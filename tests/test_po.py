@@ -129,7 +129,7 @@ def test_fills_the_catalog_and_gettext_answers_with_it(po_server, tmp_path: Path
     source, result = polib.pofile(str(FIXTURE)), polib.pofile(str(out))
     filled = machine(result)
     assert stdout.startswith(f"{out}: {len(filled)} translated, 4 kept (2 translated, 1 fuzzy, 1 obsolete), ")
-    assert "1 blank" in stdout and "1 would break c-format" in stdout
+    assert "1 blank" in stdout and "1 more than 16 placeholders" in stdout
     assert len(filled) >= 12, stdout
     # the header: Language, Plural-Forms and X-Generator added, the other fields kept
     assert result.metadata.pop("Language") == "fr"
@@ -154,10 +154,10 @@ def test_fills_the_catalog_and_gettext_answers_with_it(po_server, tmp_path: Path
     assert len(usage) == 4 and usage[1] == usage[3] == "" and usage[2].startswith("  ")
     spaced = after[(None, "  File not found  ", False)].msgstr
     assert spaced.startswith("  ") and spaced.endswith("  ") and spaced.strip()
-    # more placeholders than the server protects: the translation loses some, the entry is left out
+    # more placeholders than the server protects (it refuses them): not sent, left out, said why
     twenty = after[(None, " ".join(["%s"] * 20), False)]
-    assert twenty.msgstr == "" and ours(twenty).startswith("left as it is: the machine translation would "
-                                                            "break c-format: it loses %s (")
+    assert twenty.msgstr == "" and ours(twenty) == ("left as it is: more than 16 placeholders, which the "
+                                                    "model cannot keep (split the message)")
     # msgfmt accepts it, and gettext answers with the machine translations
     answers = compile_mo(out)
     for e in filled:

@@ -210,6 +210,9 @@ def plan(catalog: polib.POFile, nplurals: int, *, overwrite: bool,
             continue
         if skipped:
             summary.skipped[skipped] += 1
+            if skipped == catalogs.TOO_MANY_PLACEHOLDERS:
+                catalogs.set_comment(entry, f"left as it is: {skipped}, which the model cannot keep "
+                                            "(split the message)")
             continue
         entries.append(entry)
         for source in catalogs.sources(entry, nplurals):

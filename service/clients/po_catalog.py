@@ -19,6 +19,9 @@ from pathlib import Path
 
 import polib
 
+from service.text import placeholders
+
+TOO_MANY_PLACEHOLDERS = f"more than {placeholders.MAX_PLACEHOLDERS} placeholders"
 MAX_TEXT_CHARS = 2000  # the server's default --max-text-chars: longer lines are not sent
 MARK = "nmt translate-po:"  # starts every translator comment this tool writes (replaced on reruns)
 COMMENT_WIDTH = 76  # polib wraps a comment line past 78 columns, "# " included
@@ -200,6 +203,8 @@ def skip_reason(entry: polib.POEntry, nplurals: int) -> str | None:
         return "blank"
     if max(map(len, cores)) > MAX_TEXT_CHARS:
         return f"a line over {MAX_TEXT_CHARS} characters"
+    if max(len(placeholders.find(core)) for core in cores) > placeholders.MAX_PLACEHOLDERS:
+        return TOO_MANY_PLACEHOLDERS  # the server refuses them: it could not keep every one
     return None
 
 
