@@ -61,7 +61,8 @@ BATCH_SIZES = (1, 8, 32, 64)
 BEAMS = (1, 5)
 MAX_LEN, MAX_RATIO, LENGTH_PENALTY = 200, 3.0, 1.0  # the same limits on both sides
 FLOPS_BATCH = 64
-PROFILE_SHAPES = ((1, 128), (4, 32), (5, 32))  # (beam, texts per batch): 128 rows, and beam 5's 160
+PROFILE_SHAPES = ((1, 128), (4, 32), (5, 32), (1, 256))  # (beam, texts per batch): 128 rows, beam 5's 160,
+# and 256 texts greedy: the batch stays at >= 128 rows for longer
 RESULTS = Path(__file__).parent / "results"
 
 
