@@ -31,11 +31,12 @@ from pathlib import Path
 
 import numpy as np
 import onnx
+import torch
 from onnx import TensorProto, helper
 
-from export.int8_step import OPSET, UNIT, _Graph, _np
+from export.int8_step import UNIT, _Graph, _np, contract_model
 from export.model import RNNSearch
-from export.quantize import CONTRIB_DOMAIN, ZERO_POINT, symmetric_int8, unsigned
+from export.quantize import ZERO_POINT, symmetric_int8, unsigned
 from service.models.manifest import ENCODER_INPUTS, ENCODER_OUTPUTS
 
 
@@ -52,30 +53,8 @@ def _gru_cell(g: _Graph, name: str, h: str, x: str, w_hh: np.ndarray, b_hh: np.n
     return g.one("Add", [n, g.one("Mul", [z, g.one("Sub", [h, n])])])
 
 
-def build_int8_encoder(model: RNNSearch) -> onnx.ModelProto:
-    cfg = model.config
-    enc = model.encoder
-    H = cfg.enc_hidden_size
-    rnn = enc.rnn
-    g = _Graph()
-    g.const("one", 1.0)
-    g.const("zero_point", ZERO_POINT, np.uint8)
-    g.const("unit", UNIT)
-
-    # the embedding as uint8 with one scale per token: the lookup is the row-quantized input
-    table_q, token_scale = symmetric_int8(_np(enc.embed.weight), axis=1)  # (vocab, E), (vocab, 1)
-    x_q = g.one("Gather", [g.const("embedding", unsigned(table_q), np.uint8), "src_ids"], axis=0)  # (b, L, E)
-    row_scale = g.one("Gather", [g.const("embedding_scale", token_scale), "src_ids"], axis=0)  # (b, L, 1)
-    w_in = np.concatenate([_np(rnn.weight_ih_l0).T, _np(rnn.weight_ih_l0_reverse).T], axis=1)  # (E, 6H)
-    b_in = np.concatenate([_np(rnn.bias_ih_l0), _np(rnn.bias_ih_l0_reverse)])
-    projected = g.product("input_product", x_q, w_in, a_scale=1.0, bias=None)  # (batch, src_len, 6H)
-    projected = g.one("Add", [g.one("Mul", [projected, row_scale]), g.const("input_bias", b_in)])
-    projected = g.one("Transpose", [projected], perm=[1, 0, 2])  # (src_len, batch, 6H)
-    forward_x, backward_x = g.op("Split", [projected, g.const("split_directions", [3 * H, 3 * H], np.int64)], 2,
-                                 axis=2)
-    backward_x = g.one("ReverseSequence", [backward_x, "src_lengths"], batch_axis=1, time_axis=0)
-
-    # the Scan body: both directions' cells, one time step
+def _scan_body(rnn: torch.nn.GRU, H: int) -> onnx.GraphProto:
+    """The Scan body: both directions' GRU cells, one time step."""
     body = _Graph(prefix="step/")
     for c in ("one", "unit"):
         body.const(f"step/{c}", 1.0 if c == "one" else UNIT)
@@ -101,6 +80,33 @@ def build_int8_encoder(model: RNNSearch) -> onnx.ModelProto:
          vi("step/x_forward", ["batch", 3 * H]), vi("step/x_backward", ["batch", 3 * H])],
         [vi("step/state_forward", ["batch", H]), vi("step/state_backward", ["batch", H]),
          vi("step/out_forward", ["batch", H]), vi("step/out_backward", ["batch", H])], body.inits)
+    return body_graph
+
+
+def build_int8_encoder(model: RNNSearch) -> onnx.ModelProto:
+    cfg = model.config
+    enc = model.encoder
+    H = cfg.enc_hidden_size
+    rnn = enc.rnn
+    g = _Graph()
+    g.const("one", 1.0)
+    g.const("zero_point", ZERO_POINT, np.uint8)
+    g.const("unit", UNIT)
+
+    # the embedding as uint8 with one scale per token: the lookup is the row-quantized input
+    table_q, token_scale = symmetric_int8(_np(enc.embed.weight), axis=1)  # (vocab, E), (vocab, 1)
+    x_q = g.one("Gather", [g.const("embedding", unsigned(table_q), np.uint8), "src_ids"], axis=0)  # (b, L, E)
+    row_scale = g.one("Gather", [g.const("embedding_scale", token_scale), "src_ids"], axis=0)  # (b, L, 1)
+    w_in = np.concatenate([_np(rnn.weight_ih_l0).T, _np(rnn.weight_ih_l0_reverse).T], axis=1)  # (E, 6H)
+    b_in = np.concatenate([_np(rnn.bias_ih_l0), _np(rnn.bias_ih_l0_reverse)])
+    projected = g.product("input_product", x_q, w_in, a_scale=1.0, bias=None)  # (batch, src_len, 6H)
+    projected = g.one("Add", [g.one("Mul", [projected, row_scale]), g.const("input_bias", b_in)])
+    projected = g.one("Transpose", [projected], perm=[1, 0, 2])  # (src_len, batch, 6H)
+    forward_x, backward_x = g.op("Split", [projected, g.const("split_directions", [3 * H, 3 * H], np.int64)], 2,
+                                 axis=2)
+    backward_x = g.one("ReverseSequence", [backward_x, "src_lengths"], batch_axis=1, time_axis=0)
+
+    body_graph = _scan_body(rnn, H)
     zeros = g.one("ConstantOfShape", [g.one("Concat", [g.one("Shape", ["src_lengths"]),
                                                          g.const("hidden_dim", [H], np.int64)], axis=0)],
                   value=helper.make_tensor("zero", TensorProto.FLOAT, [1], [0.0]))  # (batch, H)
@@ -132,14 +138,8 @@ def build_int8_encoder(model: RNNSearch) -> onnx.ModelProto:
         return helper.make_tensor_value_info(name, types.get(name, TensorProto.FLOAT),
                                              [a if a in ("batch", "src_len") else dims[a] for a in axes])
 
-    graph = helper.make_graph(g.nodes, "encoder_int8", [value(n, a) for n, a in ENCODER_INPUTS.items()],
-                              [value(n, a) for n, a in ENCODER_OUTPUTS.items()], g.inits)
-    model_proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET),
-                                                          helper.make_opsetid(CONTRIB_DOMAIN, 1)],
-                                    producer_name="nmt-serve export.int8_encoder")
-    model_proto.ir_version = 8
-    onnx.checker.check_model(model_proto)
-    return model_proto
+    return contract_model(g, "encoder_int8", ENCODER_INPUTS, ENCODER_OUTPUTS, value,
+                          producer="nmt-serve export.int8_encoder")
 
 
 def write_int8_encoder(model: RNNSearch, target: Path) -> None:

@@ -109,12 +109,45 @@ def topk_width(vocab: int, target: int | None) -> int | None:
     return min(widths, key=lambda w: abs(w - target), default=None)
 
 
+def _attention(g: _Graph, model: RNNSearch, query: str) -> str:
+    """Additive attention: v^T tanh(keys + W s), masked, softmax over src_len; the context."""
+    A, C = model.config.attn_size, model.config.ctx_size
+    hidden = g.one("Tanh", [g.one("Add", ["keys", g.one("Unsqueeze", [query, g.const("axis1", [1], np.int64)])])])
+    # v as the left side of a Gemm (1, A) x (rows * src_len, A)^T: 3x faster than a MatMul by (A, 1)
+    hidden = g.one("Reshape", [hidden, g.const("flat_hidden", [-1, A], np.int64)])  # (rows * src_len, A)
+    v = _np(model.decoder.attention.v.weight).reshape(1, A)
+    energy = g.one("Gemm", [g.const("attention_v", v), hidden], transB=1)
+    energy = g.one("Reshape", [energy, g.one("Shape", ["src_mask"])])  # (rows, src_len)
+    energy = g.one("Where", ["src_mask", energy, g.const("neg_large", NEG_LARGE)])  # (rows, src_len)
+    alpha = g.one("Softmax", [energy], "attention", axis=1)
+    context = g.one("MatMul", [g.one("Unsqueeze", [alpha, "axis1"]), "annotations"])  # (rows, 1, C)
+    return g.one("Reshape", [context, g.const("rows_by_ctx", [-1, C], np.int64)])
+
+
+def _deep_output(g: _Graph, model: RNNSearch, next_state: str, w_state: np.ndarray, pre_x: str) -> str:
+    """Maxout over pairs of [s'; E y; c] W + b (the [E y; c] part, ``pre_x``, came with the GRU's
+    input gates), then the vocabulary projection: the logits (rows, vocab)."""
+    O, dec = model.config.out_size, model.decoder
+    state_q2 = g.one("QuantizeLinear", [next_state, "unit", "zero_point"])
+    pre = g.one("Add", [g.product("state_output_product", state_q2, w_state, a_scale=UNIT, bias=None), pre_x])
+    pre = g.one("Reshape", [pre, g.const("pairs_shape", [0, 2, O], np.int64)])
+    t = g.one("ReduceMax", [pre], axes=[1], keepdims=0)  # (rows, O), range not fixed: per-row scale
+    t_max = g.one("Max", [g.one("ReduceMax", [g.one("Abs", [t])], axes=[1], keepdims=1),
+                          g.const("tiny", TINY)])  # (rows, 1)
+    t_q = g.one("QuantizeLinear", [g.one("Mul", [t, g.one("Div", [g.const("qmax", QMAX), t_max])]), "one",
+                                   "zero_point"])
+    w_out, b_out = _np(dec.output.weight).T, _np(dec.output.bias)  # (O, vocab)
+    logits = g.product("output_product", t_q, w_out, a_scale=1.0, bias=None)
+    return g.one("Add", [g.one("Mul", [logits, g.one("Mul", [t_max, g.const("inv_qmax", UNIT)])]),
+                         g.const("output_bias", b_out)])
+
+
 def build_int8_step(model: RNNSearch, *, topk_block: int | None = TOPK_BLOCK) -> onnx.ModelProto:
     """The int8 decoder-step graph of ``model`` (contract names and axes); ``topk_block``: the
     blocked top-k's block width (None: one TopK over the vocabulary)."""
     cfg = model.config
     dec = model.decoder
-    H, E, C, A, O = cfg.dec_hidden_size, cfg.emb_size, cfg.ctx_size, cfg.attn_size, cfg.out_size
+    H, E, A, O = cfg.dec_hidden_size, cfg.emb_size, cfg.attn_size, cfg.out_size
     g = _Graph()
     g.const("one", 1.0)
     g.const("zero_point", ZERO_POINT, np.uint8)
@@ -129,16 +162,7 @@ def build_int8_step(model: RNNSearch, *, topk_block: int | None = TOPK_BLOCK) ->
                            bias=np.concatenate([np.zeros(A, np.float32), b_hh]))
     query, gh_rz, gh_n = g.op("Split", [from_state, g.const("split_state", [A, 2 * H, H], np.int64)], 3, axis=1)
 
-    # additive attention: v^T tanh(keys + W s), masked, softmax over src_len, context
-    hidden = g.one("Tanh", [g.one("Add", ["keys", g.one("Unsqueeze", [query, g.const("axis1", [1], np.int64)])])])
-    # v as the left side of a Gemm (1, A) x (rows * src_len, A)^T: 3x faster than a MatMul by (A, 1)
-    hidden = g.one("Reshape", [hidden, g.const("flat_hidden", [-1, A], np.int64)])  # (rows * src_len, A)
-    energy = g.one("Gemm", [g.const("attention_v", _np(dec.attention.v.weight).reshape(1, A)), hidden], transB=1)
-    energy = g.one("Reshape", [energy, g.one("Shape", ["src_mask"])])  # (rows, src_len)
-    energy = g.one("Where", ["src_mask", energy, g.const("neg_large", NEG_LARGE)])  # (rows, src_len)
-    alpha = g.one("Softmax", [energy], "attention", axis=1)
-    context = g.one("MatMul", [g.one("Unsqueeze", [alpha, "axis1"]), "annotations"])  # (rows, 1, C)
-    context = g.one("Reshape", [context, g.const("rows_by_ctx", [-1, C], np.int64)])
+    context = _attention(g, model, query)  # (rows, C)
 
     # y_{i-1}: a uint8 table with one scale for the whole table (folded into the weights' rows)
     table = _np(dec.embed.weight)  # (vocab, E)
@@ -161,19 +185,7 @@ def build_int8_step(model: RNNSearch, *, topk_block: int | None = TOPK_BLOCK) ->
     n = g.one("Tanh", [g.one("Add", [gi_n, g.one("Mul", [r, gh_n])])])
     next_state = g.one("Add", [n, g.one("Mul", [z, g.one("Sub", ["state", n])])], "next_state")
 
-    # deep output: maxout over pairs of [s'; E y; c] W + b (the second part came with the GRU's input gates)
-    state_q2 = g.one("QuantizeLinear", [next_state, "unit", "zero_point"])
-    pre = g.one("Add", [g.product("state_output_product", state_q2, w_pre[:H], a_scale=UNIT, bias=None), pre_x])
-    pre = g.one("Reshape", [pre, g.const("pairs_shape", [0, 2, O], np.int64)])
-    t = g.one("ReduceMax", [pre], axes=[1], keepdims=0)  # (rows, O), range not fixed: per-row scale
-    t_max = g.one("Max", [g.one("ReduceMax", [g.one("Abs", [t])], axes=[1], keepdims=1),
-                          g.const("tiny", TINY)])  # (rows, 1)
-    t_q = g.one("QuantizeLinear", [g.one("Mul", [t, g.one("Div", [g.const("qmax", QMAX), t_max])]), "one",
-                                   "zero_point"])
-    w_out, b_out = _np(dec.output.weight).T, _np(dec.output.bias)  # (O, vocab)
-    logits = g.product("output_product", t_q, w_out, a_scale=1.0, bias=None)
-    logits = g.one("Add", [g.one("Mul", [logits, g.one("Mul", [t_max, g.const("inv_qmax", UNIT)])]),
-                           g.const("output_bias", b_out)])
+    logits = _deep_output(g, model, next_state, w_pre[:H], pre_x)  # (rows, vocab)
 
     # log-probabilities: logits - logsumexp; the top-k on the logits
     log_probs = g.one("LogSoftmax", [logits], "log_probs", axis=1)
@@ -215,11 +227,19 @@ def _model(g: _Graph, cfg) -> onnx.ModelProto:
         return helper.make_tensor_value_info(name, types.get(name, TensorProto.FLOAT),
                                              [SYMBOLS.get(a) or dims[a] for a in axes])
 
-    graph = helper.make_graph(g.nodes, "decoder_step_int8", [value(n, a) for n, a in DECODER_INPUTS.items()],
-                              [value(n, a) for n, a in DECODER_OUTPUTS.items()], g.inits)
+    return contract_model(g, "decoder_step_int8", DECODER_INPUTS, DECODER_OUTPUTS, value,
+                          producer="nmt-serve export.int8_step")
+
+
+def contract_model(g: _Graph, name: str, inputs: dict, outputs: dict, value, *, producer: str
+                   ) -> onnx.ModelProto:
+    """The checked model of graph ``g`` with the contract's inputs and outputs (``value`` gives
+    each one's type and shape)."""
+    graph = helper.make_graph(g.nodes, name, [value(n, a) for n, a in inputs.items()],
+                              [value(n, a) for n, a in outputs.items()], g.inits)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET),
                                                     helper.make_opsetid(CONTRIB_DOMAIN, 1)],
-                              producer_name="nmt-serve export.int8_step")
+                              producer_name=producer)
     model.ir_version = 8
     onnx.checker.check_model(model)
     return model

@@ -211,8 +211,7 @@ def plan(catalog: polib.POFile, nplurals: int, *, overwrite: bool,
         if skipped:
             summary.skipped[skipped] += 1
             if skipped == catalogs.TOO_MANY_PLACEHOLDERS:
-                catalogs.set_comment(entry, f"left as it is: {skipped}, which the model cannot keep "
-                                            "(split the message)")
+                catalogs.set_comment(entry, catalogs.TOO_MANY_COMMENT)
             continue
         entries.append(entry)
         for source in catalogs.sources(entry, nplurals):

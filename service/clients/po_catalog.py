@@ -22,6 +22,7 @@ import polib
 from service.text import placeholders
 
 TOO_MANY_PLACEHOLDERS = f"more than {placeholders.MAX_PLACEHOLDERS} placeholders"
+TOO_MANY_COMMENT = f"left as it is: {TOO_MANY_PLACEHOLDERS}, which the model cannot keep (split the message)"
 MAX_TEXT_CHARS = 2000  # the server's default --max-text-chars: longer lines are not sent
 MARK = "nmt translate-po:"  # starts every translator comment this tool writes (replaced on reruns)
 COMMENT_WIDTH = 76  # polib wraps a comment line past 78 columns, "# " included
