@@ -53,6 +53,7 @@ class ServeConfig:
     grace_period: float  # seconds in-flight calls get to finish after SIGTERM
     max_connection_age: float  # seconds before a client connection is asked to reconnect (0 = never)
     log_level: str  # debug logs one line per request
+    http_port: int = 0  # HTTP/JSON API and web page (service.api.http_server); 0 = off
 
 
 class ConfigError(ValueError):
@@ -135,6 +136,8 @@ FLAGS: list[tuple[str, Callable[[str], object], object, str]] = [
      "seconds after which a client connection gets GOAWAY and reconnects, so that clients spread "
      "over new replicas; its calls get --grace-period to finish (0 = never)"),
     ("--log-level", _choice(*LOG_LEVELS), "info", "debug logs one line per request"),
+    # HTTP/JSON beside gRPC (service.api.http_server); its body limit is --max-message-bytes
+    ("--http-port", _port, 8080, "HTTP/JSON API and web page port (0 = off)"),
 ]
 
 
@@ -185,4 +188,5 @@ def parse(argv: list[str], env: Mapping[str, str] | None = None) -> ServeConfig:
                       max_text_chars=args.max_text_chars),
         max_message_bytes=args.max_message_bytes, grace_period=args.grace_period,
         max_connection_age=args.max_connection_age,
-        log_level=args.log_level)
+        log_level=args.log_level,
+        http_port=args.http_port)

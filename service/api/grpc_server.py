@@ -44,6 +44,17 @@ GRPC_CODES: dict[ErrorKind, grpc.StatusCode] = {
 }
 """The one mapping from error kinds to gRPC status codes."""
 
+HTTP_STATUS: dict[grpc.StatusCode, int] = {
+    grpc.StatusCode.OK: 200, grpc.StatusCode.INVALID_ARGUMENT: 400,
+    grpc.StatusCode.UNAUTHENTICATED: 401, grpc.StatusCode.PERMISSION_DENIED: 403,
+    grpc.StatusCode.NOT_FOUND: 404, grpc.StatusCode.RESOURCE_EXHAUSTED: 429,
+    grpc.StatusCode.CANCELLED: 499, grpc.StatusCode.INTERNAL: 500,
+    grpc.StatusCode.UNIMPLEMENTED: 501, grpc.StatusCode.UNAVAILABLE: 503,
+    grpc.StatusCode.DEADLINE_EXCEEDED: 504,
+}
+"""HTTP status of each gRPC code (grpc-gateway's); the HTTP API derives an error kind's status
+as ``HTTP_STATUS[GRPC_CODES[kind]]``, so a new kind needs only its gRPC code."""
+
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Translator"].full_name  # "nmt.v1.Translator"
 WARMUP_TEXT = "Hello world"
 
@@ -68,6 +79,22 @@ class App:
              reflection.SERVICE_NAME], self.server)
         self.port = self.server.add_insecure_port(f"{config.host}:{config.port}")
         self.metrics_server: MetricsServer | None = None
+        self.serving = False  # health SERVING: the HTTP API's /readyz
+        # HTTP/JSON beside gRPC (--http-port; 0 = off). Imported here: http_server imports this module.
+        from service.api.http_server import HttpServer, allow_all
+        self.http = HttpServer(self, authorize=allow_all)
+
+    def prepare(self, request: pb.TranslateRequest) -> tuple[Model, list[Prepared]]:
+        """Validate the whole request (once, here, for gRPC and HTTP), then tokenize its texts."""
+        options = validate_request(request.texts, convert.options(request.options), self.config.limits)
+        model = self.models.get(request.model)
+        return model, [model.engine.prepare(text, options, i) for i, text in enumerate(request.texts)]
+
+    def list_models(self) -> pb.ListModelsResponse:
+        cfg = self.config
+        return pb.ListModelsResponse(models=[
+            convert.model_info(m.manifest, precision=cfg.precision, provider=cfg.provider,
+                               is_default=i == 0) for i, m in enumerate(self.models.all)])
 
     @property
     def metrics_port(self) -> int:
@@ -80,21 +107,25 @@ class App:
         self.models.start()
         self.metrics_server = self.metrics.serve(host=self.config.host, port=self.config.metrics_port)
         await self.server.start()
+        await self.http.start(self.config.host, self.config.http_port, ssl_context=None)
         warmup_ms = await self.models.warm_up() * 1000
         for service in ("", SERVICE_NAME):
             await self.health.set(service, health_pb2.HealthCheckResponse.SERVING)
+        self.serving = True
         sc = self.config.scheduler
         log.info("serving %s on %s:%d (metrics :%d/metrics), %s on %s, %s-level batching "
-                 "(max_rows=%d max_tokens=%d max_wait=%.1fms max_queued_work=%d), warm-up %.0f ms",
+                 "(max_rows=%d max_tokens=%d max_wait=%.1fms max_queued_work=%d), warm-up %.0f ms, "
+                 "HTTP :%d",
                  ", ".join(m.ref for m in self.models.all), self.config.host, self.port,
                  self.metrics_port, self.config.precision, self.config.provider,
                  "step" if sc.step_level else "request", sc.max_rows, sc.max_tokens,
-                 sc.max_wait * 1000, sc.max_queued_work, warmup_ms)
+                 sc.max_wait * 1000, sc.max_queued_work, warmup_ms, self.http.port)
 
     async def stop(self, grace: float) -> None:
         """NOT_SERVING, refuse new calls, let in-flight ones finish within ``grace`` seconds."""
+        self.serving = False
         await self.health.enter_graceful_shutdown()
-        await self.server.stop(grace)
+        await asyncio.gather(self.server.stop(grace), self.http.stop(grace))
         await self.models.close()
         if self.metrics_server is not None:
             self.metrics_server.close()
@@ -109,14 +140,14 @@ class TranslatorServicer(pb_grpc.TranslatorServicer):
     async def Translate(self, request: pb.TranslateRequest, context: grpc.aio.ServicerContext
                         ) -> pb.TranslateResponse:
         async with self._rpc("Translate", request, context):
-            model, prepared = self._prepare(request)
+            model, prepared = self.app.prepare(request)
             translations = await model.scheduler.translate(prepared, timeout=context.time_remaining())
             return convert.response(translations)
 
     async def TranslateStream(self, request: pb.TranslateRequest, context: grpc.aio.ServicerContext
                               ) -> AsyncIterator[pb.TranslateResponse]:
         async with self._rpc("TranslateStream", request, context):
-            model, prepared = self._prepare(request)
+            model, prepared = self.app.prepare(request)
             events = model.scheduler.stream(prepared, timeout=context.time_remaining())
             try:
                 async for event in events:
@@ -130,16 +161,7 @@ class TranslatorServicer(pb_grpc.TranslatorServicer):
     async def ListModels(self, request: pb.ListModelsRequest, context: grpc.aio.ServicerContext
                          ) -> pb.ListModelsResponse:
         async with self._rpc("ListModels", request, context):
-            cfg = self.app.config
-            return pb.ListModelsResponse(models=[
-                convert.model_info(m.manifest, precision=cfg.precision, provider=cfg.provider,
-                                   is_default=i == 0) for i, m in enumerate(self.app.models.all)])
-
-    def _prepare(self, request: pb.TranslateRequest) -> tuple[Model, list[Prepared]]:
-        """Validate the whole request (once, here), then tokenize its texts."""
-        options = validate_request(request.texts, convert.options(request.options), self.app.config.limits)
-        model = self.app.models.get(request.model)
-        return model, [model.engine.prepare(text, options, i) for i, text in enumerate(request.texts)]
+            return self.app.list_models()
 
     @asynccontextmanager
     async def _rpc(self, method: str, request: object, context: grpc.aio.ServicerContext
@@ -147,7 +169,7 @@ class TranslatorServicer(pb_grpc.TranslatorServicer):
         """Time the call, count it by status code, map NmtError to its gRPC code, log it."""
         metrics, code, started = self.app.metrics, grpc.StatusCode.OK, time.perf_counter()
         try:
-            with metrics.request_duration.labels(method).time():
+            with metrics.request_duration.labels(method=method, protocol="grpc").time():
                 yield
         except NmtError as e:
             code = GRPC_CODES[e.kind]
@@ -168,7 +190,7 @@ class TranslatorServicer(pb_grpc.TranslatorServicer):
             log.exception("%s failed", method)
             await context.abort(code, f"internal error: {type(e).__name__}: {e}")
         finally:
-            metrics.requests.labels(method, code.name).inc()
+            metrics.requests.labels(method=method, code=code.name, protocol="grpc").inc()
             if log.isEnabledFor(logging.DEBUG):
                 log.debug("%s peer=%s texts=%d code=%s %.1f ms", method, context.peer(),
                           len(getattr(request, "texts", ())), code.name,
