@@ -126,7 +126,7 @@ function showFinal(translation, placeholders) {
   list.replaceChildren();
   translation.hypotheses.forEach((h, k) => {
     const item = document.createElement("li");
-    item.append(h.text);
+    item.append(Object.assign(document.createElement("span"), { className: "text", textContent: h.text }));
     item.append(Object.assign(document.createElement("span"), { className: "score", textContent: `score ${h.score.toFixed(3)}` }));
     item.addEventListener("click", () => choose(k));
     list.append(item);
