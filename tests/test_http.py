@@ -65,6 +65,20 @@ def test_stream_sends_partials_then_the_final_answer(server: ServerThread) -> No
     assert events[0][1]["kind"] == "RESULT_KIND_PARTIAL"
 
 
+def test_fast_json_is_protobufs_json_mapping(server: ServerThread) -> None:
+    """``to_json``'s field-by-field path for TranslateResponse equals ``MessageToDict``."""
+    import json
+
+    from service.api.http_json import message_dict, to_json
+
+    request = pb.TranslateRequest(texts=["1 2 3", "4 5 6 7 8"], options=pb.DecodingOptions(
+        beam_size=3, num_hypotheses=3, return_attention=True))
+    answers = [server.api.Translate(request, timeout=60), *server.api.TranslateStream(request, timeout=60)]
+    assert {a.kind for a in answers} == {pb.RESULT_KIND_PARTIAL, pb.RESULT_KIND_FINAL}
+    for answer in answers:
+        assert json.loads(to_json(answer)) == message_dict(answer)
+
+
 def test_models_health_and_readiness(server: ServerThread) -> None:
     answer = server.http("GET", "/v1/models")
     assert answer.status == 200

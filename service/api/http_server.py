@@ -29,11 +29,10 @@ from typing import TYPE_CHECKING, Awaitable, Callable, Mapping
 
 import grpc
 from aiohttp import web
-from google.protobuf import json_format
-from google.protobuf.message import Message
 
 from service.api import convert
 from service.api.grpc_server import GRPC_CODES, HTTP_STATUS
+from service.api.http_json import BodyError, parse_request, sse, to_json
 from service.errors import ErrorKind, NmtError, invalid
 from service.interface import Final, Partial
 from service.proto.nmt.v1 import translation_pb2 as pb
@@ -66,22 +65,11 @@ class HttpError(Exception):
         self.status = HTTP_STATUS[code] if status is None else status
 
 
-def to_json(message: Message) -> bytes:
-    """A message in protobuf's JSON mapping, proto field names, zero values included."""
-    return json.dumps(json_format.MessageToDict(
-        message, preserving_proto_field_name=True, always_print_fields_with_no_presence=True),
-        ensure_ascii=False, separators=(",", ":")).encode()
-
-
 def error_response(code: grpc.StatusCode, message: str, status: int | None = None,
                    headers: Mapping[str, str] | None = None) -> web.Response:
     body = json.dumps({"code": code.name, "message": message}, ensure_ascii=False).encode()
     return web.Response(status=HTTP_STATUS[code] if status is None else status, body=body,
                         content_type="application/json", headers=headers)
-
-
-def sse(event: str, data: bytes) -> bytes:
-    return b"event: " + event.encode() + b"\ndata: " + data + b"\n\n"
 
 
 def request_timeout(headers: Mapping[str, str]) -> float | None:
@@ -96,21 +84,6 @@ def request_timeout(headers: Mapping[str, str]) -> float | None:
     if not 0 < value < math.inf:
         raise invalid(TIMEOUT_HEADER, "a number of seconds > 0", text)
     return value
-
-
-def parse_request(body: bytes) -> pb.TranslateRequest:
-    """A ``TranslateRequest`` from its JSON mapping; INVALID_ARGUMENT naming the problem."""
-    try:
-        tree = json.loads(body.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError) as e:
-        raise HttpError(grpc.StatusCode.INVALID_ARGUMENT, f"request body must be JSON: {e}") from None
-    if not isinstance(tree, dict):
-        raise HttpError(grpc.StatusCode.INVALID_ARGUMENT,
-                        f"request body must be a JSON object (a TranslateRequest), got {type(tree).__name__}")
-    try:
-        return json_format.ParseDict(tree, pb.TranslateRequest())
-    except (json_format.ParseError, ValueError, TypeError) as e:
-        raise HttpError(grpc.StatusCode.INVALID_ARGUMENT, f"request body: {e}") from None
 
 
 class HttpServer:
@@ -196,6 +169,9 @@ class HttpServer:
             except HttpError as e:
                 code = e.code
                 return error_response(e.code, e.message, e.status)
+            except BodyError as e:
+                code = e.code
+                return error_response(e.code, str(e))
             except NmtError as e:
                 code = GRPC_CODES[e.kind]
                 if e.kind is ErrorKind.DEADLINE_EXCEEDED:
