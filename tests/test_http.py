@@ -176,6 +176,23 @@ def test_deadline_mid_stream_ends_it_with_an_error_event(slow_server: ServerThre
     assert {name for name, _ in events[:-1]} <= {"partial"}
 
 
+def test_client_leaving_a_stream_frees_its_rows(slow_server: ServerThread) -> None:
+    import http.client
+    import json
+
+    before, removed = slow_server.metric("nmt_cancelled_total"), slow_server.engine.removed
+    conn = http.client.HTTPConnection("127.0.0.1", slow_server.http_port, timeout=60)
+    conn.request("POST", STREAM, body=json.dumps({"texts": [LONG_DIGITS]}),
+                 headers={"Content-Type": "application/json"})
+    reply = conn.getresponse()
+    assert reply.status == 200 and reply.readline().startswith(b"event: partial")
+    conn.close()  # mid-decode
+    wait_until(lambda: slow_server.engine.removed == removed + 1, timeout=30, what="the rows removed")
+    wait_until(lambda: slow_server.metric("nmt_cancelled_total") == before + 1, timeout=30, what="counted")
+    assert slow_server.metric("nmt_requests_total", method="TranslateStream", code="CANCELLED",
+                              protocol="http") >= 1
+
+
 def test_overload_answers_429_with_retry_after(slow_server: ServerThread) -> None:
     accepted: list[HttpAnswer] = []
     thread = threading.Thread(target=lambda: accepted.append(
