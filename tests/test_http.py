@@ -226,9 +226,11 @@ def test_draining_server_is_not_ready_and_finishes_in_flight_requests(reversal_r
     wait_until(lambda: s.metric("nmt_inflight_rows") == 1, timeout=30, what="the call decoding")
     s.stop(grace=60, wait=False)
     ready: list[HttpAnswer] = []
-    wait_until(lambda: ready.append(s.http("GET", "/readyz")) or ready[-1].status == 503, timeout=30,
-               what="/readyz 503")
-    assert_error(ready[-1], 503, "UNAVAILABLE", r"draining|shutting down")
+    wait_until(lambda: ready.append(s.http("GET", "/readyz")) or b"shutting down" in ready[-1].body,
+               timeout=30, what="/readyz 503 while draining")
+    assert_error(ready[-1], 503, "UNAVAILABLE", r"server shutting down")
+    assert_error(s.http("POST", TRANSLATE, {"texts": ["1 2"]}), 503, "UNAVAILABLE", r"shutting down")
+    assert s.http("GET", "/healthz").status == 200
     thread.join(60)
     assert in_flight[0].status == 200 and len(in_flight[0].json()["translations"]) == 1
     s.thread.join(30)

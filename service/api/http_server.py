@@ -132,7 +132,7 @@ class HttpServer:
     @web.middleware
     async def _guard(self, request: web.Request, handler: Handler) -> web.StreamResponse:
         """Every answer an HTTP error is JSON; draining refuses; in-flight requests tracked."""
-        if self.draining:
+        if self.draining and request.path != "/healthz":  # alive until the port closes
             return error_response(grpc.StatusCode.UNAVAILABLE, "server shutting down")
         task = asyncio.current_task()
         if task is not None:
