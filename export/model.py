@@ -19,6 +19,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
+from service.text.tokenizer import TRAINED_WITH
+
 NEG_LARGE = -1e9
 """Score of a padding position: finite, so an all-padding row gives no NaN."""
 
@@ -35,9 +37,9 @@ class ModelConfig:
     attn_size: int = 512  # width of the additive attention's hidden layer
     out_size: int = 256  # maxout units of the deep output layer
     dropout: float = 0.2
-    pad_id: int = 0
-    bos_id: int = 2
-    eos_id: int = 3
+    pad_id: int = TRAINED_WITH.pad  # the tokenizers' special ids (service.text.tokenizer)
+    bos_id: int = TRAINED_WITH.bos
+    eos_id: int = TRAINED_WITH.eos
 
     def __post_init__(self) -> None:
         for name in ("src_vocab_size", "tgt_vocab_size", "emb_size", "enc_hidden_size",

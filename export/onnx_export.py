@@ -34,9 +34,10 @@ import torch
 from torch import nn
 
 from export.checkpoint import Checkpoint, CheckpointError, load_checkpoint
+from export.int8_encoder import write_int8_encoder
+from export.int8_step import write_int8_step
 from export.model import RNNSearch
 from export.quantize import SCHEME as INT8_SCHEME
-from export.quantize import quantize_graph
 from export.verify import DYNAMIC_AXES, VerificationError, verify_repository
 from service.models.manifest import (DECODER_INPUTS, DECODER_OUTPUTS, ENCODER_INPUTS, ENCODER_OUTPUTS,
                               FORMAT, checksums, load_manifest, sha256_file, write_manifest)
@@ -138,9 +139,10 @@ def export_graphs(model: RNNSearch, root: Path, *, quantize: bool) -> None:
                               output_names=list(outputs), dynamic_axes=dynamic_axes(inputs, outputs),
                               opset_version=OPSET, dynamo=False)
         if quantize:
-            for graph in ("encoder", "decoder_step"):
-                # the encoder's GRU op stays fp32; the decoder's GRUCell is plain Gemm and is quantized
-                quantize_graph(root / GRAPHS["fp32"][graph], root / GRAPHS["int8"][graph])
+            # both int8 graphs are built from the weights (``export.int8_encoder``, ``export.int8_step``):
+            # the encoder's GRU as int8 cell steps, the step with few passes around its products
+            write_int8_encoder(model, root / GRAPHS["int8"]["encoder"])
+            write_int8_step(model, root / GRAPHS["int8"]["decoder_step"])
 
 
 def producer_versions() -> dict[str, str]:

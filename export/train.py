@@ -22,6 +22,7 @@ from export.checkpoint import load_checkpoint, save_checkpoint
 from export.corpus import Pair, read_split
 from export.model import ModelConfig, RNNSearch
 from export.search import greedy
+from service.decoding.layout import pad_sources
 from service.text.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer
 
 
@@ -74,17 +75,14 @@ def make_batches(data: list[Example], batch_tokens: int, rng: random.Random) -> 
 
 def collate(examples: list[Example]) -> tuple[torch.Tensor, ...]:
     """-> src (batch, src_len), src_lengths (batch,), tgt_in, tgt_out (batch, tgt_len)."""
-    src_len = max(len(s) for s, _ in examples)
+    src, lengths = pad_sources([s for s, _ in examples], PAD_ID)  # the serving batch's padding
     tgt_len = max(len(t) for _, t in examples)
-    src = torch.full((len(examples), src_len), PAD_ID, dtype=torch.long)
     tgt_in = torch.full((len(examples), tgt_len), PAD_ID, dtype=torch.long)
     tgt_out = torch.full((len(examples), tgt_len), PAD_ID, dtype=torch.long)
-    for b, (s, t) in enumerate(examples):
-        src[b, : len(s)] = torch.tensor(s)
+    for b, (_, t) in enumerate(examples):
         tgt_in[b, : len(t)] = torch.tensor([BOS_ID] + t[:-1])
         tgt_out[b, : len(t)] = torch.tensor(t)
-    lengths = torch.tensor([len(s) for s, _ in examples])
-    return src, lengths, tgt_in, tgt_out
+    return torch.from_numpy(src), torch.from_numpy(lengths), tgt_in, tgt_out
 
 
 def loss_on(model: RNNSearch, batch: tuple[torch.Tensor, ...], smoothing: float) -> tuple[torch.Tensor, int]:

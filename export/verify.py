@@ -38,15 +38,10 @@ from service.models.manifest import (MANIFEST, Manifest, load_manifest, sha256_f
 
 TOLERANCES = {
     "fp32": Tolerances(encoder=1e-4, step=1e-4, padding=1e-5, greedy=0.995),
-    # int8 weights (7 bits, per column: ``export.quantize``) and activations (8 bits, per
-    # row) vs PyTorch. Measured with 8-bit weights: encoder 0.010 / 0.044 / 0.014, step
-    # 0.011 / 0.18 / 0.017 on the tiny, reversal and a full-size random model (the reversal
-    # model's sharp log-probs err most; the per-tensor quantize_dynamic scheme gave 0.21 on
-    # similar steps). With 7-bit weights the reversal model's step measured 0.256: the
-    # bound is twice that. int8 is accepted on BLEU (evaluation), not on this figure.
-    # Rows are independent, so padding and batching change nothing: measured exactly 0
-    # (the per-tensor quantize_dynamic scheme this replaced: 0.010-0.020).
-    "int8": Tolerances(encoder=0.1, step=0.5, padding=1e-5, greedy=None),
+    # int8 weights and activations are rounded to 8 bits: looser bounds against PyTorch
+    # (the figures behind them: ``loadtest/results/notes.md``); int8 is accepted on BLEU
+    # (evaluation). Rows are independent, so padding and batching change nothing: exactly 0.
+    "int8": Tolerances(encoder=0.1, step=0.25, padding=1e-5, greedy=None),
 }
 
 

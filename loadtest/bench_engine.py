@@ -7,7 +7,8 @@ Decodes the first ``--max-sentences`` sources of the test split in consecutive
 batches of 1, 8, 32 and 64 sentences, greedy and beam 5, with each engine:
 ``service.decoding.engine.Engine`` on the fp32 and int8 graphs, and the PyTorch
 reference ``export.search.beam_search`` (batched, ``torch.inference_mode``, the
-same search algorithm) on the checkpoint the graphs came from, all with the same
+same search algorithm) on the checkpoint the graphs came from, in fp32 and with
+bf16 weights and activations (``model.to(torch.bfloat16)``), all with the same
 number of threads. Both include tokenization and detokenization. Reports target
 tokens/s (best hypothesis, EOS excluded) and sentences/s (median of the
 repeats), the share of outputs identical to PyTorch's, and at batch 64 the
@@ -160,6 +161,7 @@ def bench(args: argparse.Namespace) -> dict:
     torch.set_num_threads(args.threads)
     ckpt = load_checkpoint(args.checkpoint)
     model, cfg = ckpt.model(), ckpt.config
+    model_bf16 = load_checkpoint(args.checkpoint).model().to(torch.bfloat16)  # bf16 weights and activations
     with args.test_split.open(encoding="utf-8") as f:
         sources = [json.loads(line)["src_raw"] for line in f if line.strip()][: args.max_sentences]
     precisions = load_manifest(args.repository).graphs
@@ -174,6 +176,8 @@ def bench(args: argparse.Namespace) -> dict:
             deciders = {name: (lambda texts, e=e: onnx_decode(e, texts, batch, beam))
                         for name, e in engines.items()}
             deciders["torch-eager"] = lambda texts: torch_decode(model, fp32, texts, batch, beam)
+            if args.bf16:
+                deciders["torch-bf16"] = lambda texts: torch_decode(model_bf16, fp32, texts, batch, beam)
             outputs = {}
             for name, fn in deciders.items():
                 fn(sources[:batch])  # warm-up: sessions, allocators, caches
@@ -265,6 +269,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, default=RESULTS, help="where bench_engine.md/.json go")
     p.add_argument("--batch-sizes", type=lambda v: [int(x) for x in v.split(",")], default=list(BATCH_SIZES))
     p.add_argument("--beams", type=lambda v: [int(x) for x in v.split(",")], default=list(BEAMS))
+    p.add_argument("--no-bf16", dest="bf16", action="store_false", help="skip PyTorch with bf16 weights")
     p.add_argument("--profile", action="store_true",
                    help="only the step profile: time in Runtime.step against the rest of a step")
     args = p.parse_args(argv)

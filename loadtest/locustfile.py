@@ -18,6 +18,9 @@ reports cover gRPC like HTTP. Configuration (environment variables):
 - ``NMT_LOCUST_BEAM`` (4), ``NMT_LOCUST_NBEST`` (3), ``NMT_LOCUST_BATCH_TEXTS`` (8)
 - ``NMT_LOCUST_WAIT``: think time per user in seconds, ``min,max`` (``0,0``: closed loop)
 - ``NMT_LOCUST_TIMEOUT``: gRPC deadline (HTTP: ``X-Request-Timeout``) per call in seconds (30)
+- TLS and tokens, as ``nmt translate`` reads them: ``NMT_CLIENT_TLS_CA_FILE`` (set: TLS),
+  ``NMT_CLIENT_TLS_CERT_FILE`` and ``NMT_CLIENT_TLS_KEY_FILE`` (mTLS),
+  ``NMT_CLIENT_TLS_SERVER_NAME``, ``NMT_CLIENT_TOKEN_FILE`` (``authorization: Bearer``)
 - ``NMT_LOCUST_PROTOCOL``: ``grpc`` (default), ``http`` or ``grpc,http`` (both user classes;
   then ``NMT_LOCUST_HTTP_HOST``, default ``http://127.0.0.1:8080``, is the HTTP users' host)
 - targets, checked when the run ends (a miss makes Locust exit 1):
@@ -44,6 +47,7 @@ from google.protobuf import json_format  # noqa: E402
 from locust import HttpUser, User, between, events  # noqa: E402
 from locust.env import Environment  # noqa: E402
 
+from service.clients.translate import auth_metadata, client_env, open_channel  # noqa: E402
 from service.proto.nmt.v1 import translation_pb2 as pb  # noqa: E402
 from service.proto.nmt.v1 import translation_pb2_grpc as pb_grpc  # noqa: E402
 
@@ -160,7 +164,12 @@ class TranslatorUser(User):
 
     def __init__(self, environment: Environment) -> None:
         super().__init__(environment)
-        self.channel = grpc.insecure_channel(self.host)
+        env = {flag: os.environ.get(client_env(flag), "") for flag in
+               ("--tls-ca-file", "--tls-cert-file", "--tls-key-file", "--tls-server-name", "--token-file")}
+        self.channel = open_channel(self.host, ca_file=env["--tls-ca-file"],
+                                    cert_file=env["--tls-cert-file"], key_file=env["--tls-key-file"],
+                                    server_name=env["--tls-server-name"])
+        self.metadata = auth_metadata(env["--token-file"])
         self.interceptor = LocustInterceptor(environment)
         self.stub = pb_grpc.TranslatorStub(grpc.intercept_channel(self.channel, self.interceptor))
 
@@ -171,7 +180,7 @@ class TranslatorUser(User):
         self.interceptor.label = label
         request = pb.TranslateRequest(texts=texts, options=pb.DecodingOptions(**options))
         try:
-            reply = self.stub.Translate(request, timeout=self.timeout)
+            reply = self.stub.Translate(request, timeout=self.timeout, metadata=self.metadata)
         except grpc.RpcError:
             return pb.TranslateResponse()  # already reported as a failure by the interceptor
         if len(reply.translations) != len(texts):
@@ -203,7 +212,7 @@ class TranslatorUser(User):
         request = pb.TranslateRequest(texts=[random.choice(self.long_texts)])
         try:
             last = None
-            for last in self.stub.TranslateStream(request, timeout=self.timeout):
+            for last in self.stub.TranslateStream(request, timeout=self.timeout, metadata=self.metadata):
                 pass
         except grpc.RpcError:
             return
@@ -256,7 +265,11 @@ class HttpTranslatorUser(HttpUser):
         super().__init__(environment)
         if "grpc" in PROTOCOLS:  # --host is the gRPC users' address then
             self.client.base_url = os.environ.get("NMT_LOCUST_HTTP_HOST", "http://127.0.0.1:8080")
-        self.headers = {"X-Request-Timeout": str(self.timeout)}
+        self.headers = {"X-Request-Timeout": str(self.timeout),
+                        **dict(auth_metadata(os.environ.get(client_env("--token-file"), "")) or ())}
+        ca_file = os.environ.get(client_env("--tls-ca-file"))
+        if ca_file:  # https:// in NMT_LOCUST_HTTP_HOST; the same CA as the gRPC users'
+            self.client.verify = ca_file
 
     def translate(self, label: str, texts: list[str], **options: Any) -> pb.TranslateResponse:
         with self.client.post("/v1/translate", json={"texts": texts, "options": options},

@@ -1,11 +1,15 @@
 """Translation quality of the serving engine itself (fp32 vs int8), on a test split.
 
-    python loadtest/quality_engine.py models/en-fr/1 build/corpus/test.jsonl [--beam 5]
+    python loadtest/quality_engine.py models/en-fr/1 build/corpus/test.jsonl [--beam 5] [--record]
 
 Decodes every source with ``service.decoding.engine.Engine`` (the path users hit) in
 each precision and scores it like ``nmt evaluate`` (sacreBLEU and chrF,
 detokenized, placeholders restored, against the catalog translations). Writes
-``loadtest/results/quality_engine.md`` and ``.json``.
+``loadtest/results/quality_engine.md`` and ``.json``; with ``--record``, also the
+repository's ``manifest.json`` field ``quality.engine`` (per precision and search:
+BLEU, chrF, sentences), which ``ListModels`` reports and which decides the
+server's default precision (``README``: int8 when within 0.3 BLEU of fp32).
+The manifest file itself carries no checksum of its own, so its files stay valid.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from pathlib import Path
 import sacrebleu
 
 from service.decoding.engine import Engine
+from service.models.manifest import MANIFEST, write_manifest
 from service.options import DecodingOptions
 
 BATCH = 32
@@ -38,6 +43,7 @@ def main() -> None:
     p.add_argument("--beam", type=int, default=5)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--out", type=Path, default=Path("loadtest/results"))
+    p.add_argument("--record", action="store_true", help="write the figures into the manifest's quality.engine")
     args = p.parse_args()
     pairs = [json.loads(line) for line in args.test_split.read_text().splitlines() if line.strip()]
     sources, refs = [p["src_raw"] for p in pairs], [p["tgt_raw"] for p in pairs]
@@ -64,6 +70,20 @@ def main() -> None:
               f"{r['identical_to_fp32']:.1%} | {r['seconds']} |" for r in rows]
     (args.out / "quality_engine.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
+    if args.record:
+        record(args.repository, rows, args.test_split.name)
+
+
+def record(repository: Path, rows: list[dict], split: str) -> None:
+    """``quality.engine.<precision>.<greedy|beamN>`` = {bleu, chrf, sentences} in the manifest."""
+    path = repository / MANIFEST
+    manifest = json.loads(path.read_text())
+    engine = manifest.setdefault("quality", {}).setdefault("engine", {})
+    for r in rows:
+        search = "greedy" if r["beam_size"] == 1 else f"beam{r['beam_size']}"
+        engine.setdefault(r["precision"], {})[search] = {"bleu": r["bleu"], "chrf": r["chrf"],
+                                                         "sentences": r["sentences"], "split": split}
+    write_manifest(repository, manifest)
 
 
 if __name__ == "__main__":

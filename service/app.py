@@ -1,31 +1,47 @@
-"""The served models: find them, load them, warm them up, look them up, close them.
+"""The served models: find, load, verify, warm up, look up, swap versions, drain, close.
 
 Protocol-free: the gRPC server (``service.api.grpc_server``) and any other front end
 use one ``ServedModels``. Here the decoding engine (``service.decoding``) is wired to
 the scheduler (``service.scheduling``); the two meet only through ``service.interface``.
+
+Model control (``--model-control poll``, or SIGHUP in either mode): ``rescan`` looks
+at the repository again. A new ``<name>/<version>/`` is loaded (checksums checked),
+warmed up with a translation, and only then takes the requests for ``<name>``
+(``--model-versions latest``) or joins the loaded versions (``all``); requests
+already decoding finish on the version that started them. A version replaced or
+whose directory is gone stops taking requests and is closed once its requests
+have finished. A version that fails to load is refused with one log line and
+``nmt_model_load_failures_total``; what was serving goes on.
 """
 
 from __future__ import annotations
 
+import asyncio
+import ctypes
+import gc
+import logging
 import time
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Sequence
+from typing import Any, Sequence
 
 from service.config import ServeConfig
-from service.errors import ErrorKind, ModelRepositoryError, NmtError
+from service.errors import ErrorKind, ModelRepositoryError, NmtError, ProviderUnavailableError, shown
 from service.interface import Engine
 from service.metrics import Metrics
-from service.models.manifest import MANIFEST, Manifest
+from service.models.manifest import Manifest, check_graphs, check_vocabularies, load_manifest
+from service.models.repository import VersionDir, latest, scan
 from service.options import DecodingOptions
 from service.scheduling.scheduler import Scheduler
 
 WARMUP_TEXT = "Hello world"
+WARMUP_SECONDS = 60.0
+LOAD_ERRORS = (ModelRepositoryError, ProviderUnavailableError, NmtError, OSError, ValueError)
+log = logging.getLogger("nmt.app")
 
 
 @dataclass(frozen=True)
 class Model:
-    """One served model: its engine and the scheduler feeding it."""
+    """One served model version: its engine and the scheduler feeding it."""
 
     manifest: Manifest
     engine: Engine
@@ -36,24 +52,61 @@ class Model:
         return f"{self.manifest.name}/{self.manifest.version}"
 
 
-def find_repositories(root: Path) -> list[Path]:
-    """``root`` itself if it holds a manifest, else every ``root/<name>/<version>/``."""
-    if (root / MANIFEST).is_file():
-        return [root]
-    found = sorted(p.parent for p in root.glob(f"*/*/{MANIFEST}"))
-    if not found:
-        raise ModelRepositoryError(f"{root}: no {MANIFEST} there nor in <name>/<version>/ below it")
-    return found
+def make_engine(config: ServeConfig, d: VersionDir) -> Engine:
+    """The engine of one model version directory (checksums verified; in a ``<name>/<version>/``
+    directory, the manifest must name that model and version)."""
+    from service.decoding.engine import Engine as OnnxEngine
+
+    manifest = load_manifest(d.path)
+    if d.name and (manifest.name, manifest.version) != (d.name, d.version):
+        raise ModelRepositoryError(f"{d.path}: the manifest says {manifest.name}/{manifest.version}, "
+                                   f"the directory {d.ref}")
+    precision, why = manifest.default_precision() if config.precision == "auto" else (config.precision, "asked")
+    log.info("%s/%s: %s graphs (%s)", manifest.name, manifest.version, precision, why)
+    engine = OnnxEngine(manifest, precision=precision, provider=config.provider,
+                        intra_op_threads=config.threads or None, limits=config.limits,
+                        decoder_spinning=config.decoder_spinning)
+    check_engine(engine, precision)
+    return engine
+
+
+def check_engine(engine: Any, precision: str) -> None:
+    """A loaded ONNX engine's graphs and tokenizers must agree with its manifest's model_config:
+    checksums prove the files are the ones listed, not that they belong together."""
+    sessions = {"encoder": engine.runtime.encoder, "decoder_step": engine.runtime.decoder}
+    shapes = {graph: {a.name: list(a.shape) for a in [*s.get_inputs(), *s.get_outputs()]}
+              for graph, s in sessions.items()}
+    check_graphs(engine.manifest, precision, shapes)
+    check_vocabularies(engine.manifest, source=engine.tokenizer.source.get_piece_size(),
+                       target=engine.tokenizer.target.get_piece_size())
 
 
 def load_engines(config: ServeConfig) -> list[Engine]:
-    """One engine per model repository (checksums verified by the engine's manifest load)."""
-    from service.decoding.engine import Engine as OnnxEngine
+    """The engines to start with: every version, or the newest of each name (``latest``)."""
+    dirs, problems = scan(config.model_repository)
+    for line in problems:
+        log.warning("%s", line)
+    if not dirs:
+        raise ModelRepositoryError(f"{config.model_repository}: no manifest.json there nor in "
+                                   "<name>/<version>/ below it")
+    if config.model_versions == "latest" and dirs[0].name:
+        dirs = latest(dirs)
+    return [make_engine(config, d) for d in dirs]
 
-    return [OnnxEngine(path, precision=config.precision, provider=config.provider,
-                       intra_op_threads=config.threads or None, limits=config.limits,
-                       decoder_spinning=config.decoder_spinning)
-            for path in find_repositories(config.model_repository)]
+
+def release_memory() -> None:
+    """Give the memory of an unloaded model back to the OS.
+
+    Its ONNX Runtime sessions free their arenas, but glibc keeps the freed pages
+    for later mallocs, and RSS grows with every reload (measured:
+    ``loadtest/results/notes.md``, ``loadtest/results/reload_memory.md``). A no-op
+    where there is no glibc.
+    """
+    gc.collect()  # the engine's sessions, once nothing refers to them
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
 
 
 def version_key(version: str) -> tuple[int, str]:
@@ -61,43 +114,160 @@ def version_key(version: str) -> tuple[int, str]:
 
 
 class ServedModels:
-    """The models of one server, the default one first; each with its own scheduler."""
+    """The model versions of one server; each with its own scheduler."""
 
     def __init__(self, config: ServeConfig, engines: Sequence[Engine], metrics: Metrics) -> None:
         self.config, self.metrics = config, metrics
-        models = [Model(e.manifest, e, Scheduler(e, config.scheduler, metrics=metrics)) for e in engines]
-        models.sort(key=lambda m: version_key(m.manifest.version), reverse=True)  # newest first
-        models.sort(key=lambda m: (m.manifest.name != config.default_model, m.manifest.name))
-        if config.default_model and models[0].manifest.name != config.default_model:
+        self._loaded: dict[str, Model] = {}  # ref -> a version taking requests
+        self._attempts: dict[str, tuple] = {}  # ref -> signature of its directory when last tried
+        self._reported: dict[str, str] = {}  # directory -> the problem last logged for it
+        self._draining: set[asyncio.Task] = set()
+        self._lock = asyncio.Lock()  # one rescan at a time
+        for e in engines:
+            m = Model(e.manifest, e, Scheduler(e, config.scheduler, metrics=metrics))
+            self._loaded[m.ref] = m
+        names = sorted({m.manifest.name for m in self._loaded.values()})
+        if config.default_model and config.default_model not in names:
             raise ModelRepositoryError(f"--default-model {config.default_model!r} is not among the "
-                                       f"loaded models {[m.ref for m in models]}")
-        self.all = models
+                                       f"loaded models {sorted(self._loaded)}")
+        self.default_name = config.default_model or (names[0] if names else "")
+
+    @property
+    def all(self) -> list[Model]:
+        """Versions taking requests: the default model first, then by name, newest first."""
+        models = sorted(self._loaded.values(), key=lambda m: version_key(m.manifest.version), reverse=True)
+        return sorted(models, key=lambda m: (m.manifest.name != self.default_name, m.manifest.name))
 
     def get(self, name: str) -> Model:
-        """The model a request names (``name`` or ``name/version``; empty: the default)."""
-        if not name:
-            return self.all[0]
-        matches = [m for m in self.all if name in (m.manifest.name, m.ref)]
+        """The model a request names (``name``, or ``name/version`` while it is loaded; empty:
+        the default); its newest loaded version."""
+        name = name or self.default_name
+        matches = [m for m in self._loaded.values() if name in (m.manifest.name, m.ref)]
         if not matches:
-            raise NmtError(ErrorKind.NOT_FOUND, f"model must be one of "
-                           f"{sorted({m.manifest.name for m in self.all})}, got {name!r}")
+            known = sorted({m.manifest.name for m in self._loaded.values()})
+            raise NmtError(ErrorKind.NOT_FOUND, f"model must be one of {shown(known, 300)} "
+                           f"(or name/version of a loaded version), got {shown(name)}")
         return max(matches, key=lambda m: version_key(m.manifest.version))
 
     def start(self) -> None:
         """Start every scheduler's engine thread (inside the serving event loop)."""
-        for m in self.all:
-            m.scheduler.start()
-            self.metrics.set_model(name=m.manifest.name, version=m.manifest.version,
-                                   sha256=m.manifest.sha256, provider=self.config.provider,
-                                   precision=self.config.precision)
+        for m in self._loaded.values():
+            self._started(m)
 
     async def warm_up(self) -> float:
         """Translate one text with every model; the seconds it took."""
         started = time.perf_counter()
-        for m in self.all:
-            await m.scheduler.translate([m.engine.prepare(WARMUP_TEXT, DecodingOptions(), 0)])
+        for m in self._loaded.values():
+            await self._warm(m)
         return time.perf_counter() - started
 
     async def close(self) -> None:
-        for m in self.all:
+        for m in self._loaded.values():
             await m.scheduler.close()
+        await asyncio.gather(*self._draining, return_exceptions=True)
+
+    # -- model control -------------------------------------------------------------------
+
+    async def poll(self, seconds: float) -> None:
+        """Rescan every ``seconds`` until cancelled (``--model-control poll``)."""
+        while True:
+            await asyncio.sleep(seconds)
+            await self.rescan()
+
+    async def rescan(self) -> None:
+        """Take new complete versions, retire the ones whose directory is gone."""
+        async with self._lock:
+            try:
+                dirs, problems = scan(self.config.model_repository)
+            except ModelRepositoryError as e:
+                log.warning("rescan: %s", e)
+                return
+            if dirs and not dirs[0].name:
+                log.warning("rescan: %s is one model version; model control needs <name>/<version>/ "
+                            "directories", self.config.model_repository)
+                return
+            for line in problems:
+                self._once(line.split(":")[0], line)
+            present = {d.ref for d in dirs}
+            for ref in [r for r in self._loaded if r not in present]:
+                self._retire(self._loaded[ref], "its directory is gone")
+            for d in self._candidates(dirs):
+                if await self._try(d):
+                    self._attempts.pop(d.ref, None)
+
+    def _candidates(self, dirs: list[VersionDir]) -> list[VersionDir]:
+        """New versions worth a try (changed since the last try), newest first; with ``latest``
+        only those newer than what serves their name."""
+        fresh = [d for d in dirs if d.ref not in self._loaded and self._attempts.get(d.ref) != d.signature()]
+        if self.config.model_versions == "latest":
+            serving = {m.manifest.name: int(m.manifest.version) for m in self.all}
+            fresh = [d for d in fresh if int(d.version) > serving.get(d.name, -1)]
+        return sorted(fresh, key=lambda d: (d.name, -int(d.version)))
+
+    async def _try(self, d: VersionDir) -> bool:
+        """Load, warm up and add one version; False (one log line, a counted failure) if it fails."""
+        if self.config.model_versions == "latest":
+            current = [m for m in self._loaded.values() if m.manifest.name == d.name]
+            if current and int(current[0].manifest.version) >= int(d.version):
+                return False  # a newer version of the name came in first
+        self._attempts[d.ref] = d.signature()
+        model = None
+        try:
+            engine = await asyncio.to_thread(make_engine, self.config, d)
+            model = Model(engine.manifest, engine, Scheduler(engine, self.config.scheduler, metrics=self.metrics))
+            model.scheduler.start()
+            await asyncio.wait_for(self._warm(model), WARMUP_SECONDS)
+            if not d.path.is_dir():
+                raise ModelRepositoryError(f"{d.path}: removed while it was being loaded")
+        except (*LOAD_ERRORS, asyncio.TimeoutError) as e:
+            log.warning("refused %s: %s", d.ref, str(e)[:300] or type(e).__name__)
+            self.metrics.model_load_failures.labels(d.name).inc()
+            if model is not None:
+                await model.scheduler.close()
+            return False
+        self._add(model)
+        return True
+
+    def _add(self, model: Model) -> None:
+        replaced = [m for m in self._loaded.values() if m.manifest.name == model.manifest.name]
+        self._loaded[model.ref] = model
+        self._started(model, scheduler_running=True)
+        log.info("serving %s (%s)", model.ref, model.engine.precision)
+        if self.config.model_versions == "latest":
+            for old in replaced:
+                self._retire(old, f"replaced by {model.ref}")
+
+    def _retire(self, model: Model, why: str) -> None:
+        """Stop routing to ``model``; close it once its requests have finished."""
+        del self._loaded[model.ref]
+        self.metrics.forget_model(name=model.manifest.name, version=model.manifest.version)
+        log.info("retiring %s (%s); it closes when its requests finish", model.ref, why)
+
+        async def drain() -> None:
+            await model.scheduler.drained()
+            await model.scheduler.close()
+            release_memory()
+            log.info("unloaded %s", model.ref)
+        task = asyncio.create_task(drain())
+        self._draining.add(task)
+        task.add_done_callback(self._draining.discard)
+
+    def _started(self, model: Model, *, scheduler_running: bool = False) -> None:
+        if not scheduler_running:
+            model.scheduler.start()
+        self.metrics.set_model(name=model.manifest.name, version=model.manifest.version,
+                               sha256=model.manifest.sha256, provider=self.config.provider,
+                               precision=model.engine.precision)
+
+    async def _warm(self, model: Model) -> None:
+        """One translation; refused if it comes back empty (a tokenizer that does not fit)."""
+        [t] = await model.scheduler.translate([model.engine.prepare(WARMUP_TEXT, DecodingOptions(), 0)])
+        if not (t.hypotheses and t.hypotheses[0].text.strip()):
+            raise ModelRepositoryError(f"{model.manifest.root}: the warm-up translation of "
+                                       f"{WARMUP_TEXT!r} came back empty")
+
+    def _once(self, key: str, line: str) -> None:
+        """Log ``line`` once until it changes (a half-copied version is seen at every poll)."""
+        if self._reported.get(key) != line:
+            self._reported[key] = line
+            log.warning("%s", line)

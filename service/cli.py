@@ -15,6 +15,7 @@ from importlib.metadata import entry_points
 ONLINE = {
     "serve": ("service.api.grpc_server", "main", "run the gRPC translation server"),
     "translate": ("service.clients.translate", "main", "translate text with a running server"),
+    "translate-po": ("service.clients.po", "main", "fill a gettext catalog with a running server"),
 }
 OFFLINE = {
     "corpus": "build the parallel corpus from gettext catalogs",
@@ -30,9 +31,9 @@ INSTALL_HINT = "pip install 'nmt-serve[export]' (from a source checkout: pip ins
 
 def usage() -> str:
     lines = ["usage: nmt COMMAND [options]   (nmt COMMAND --help for its options)", "", "online:"]
-    lines += [f"  {name:<11} {help_}" for name, (_, _, help_) in ONLINE.items()]
+    lines += [f"  {name:<12} {help_}" for name, (_, _, help_) in ONLINE.items()]
     lines += ["", "offline (needs the export extra):"]
-    lines += [f"  {name:<11} {help_}" for name, help_ in OFFLINE.items()]
+    lines += [f"  {name:<12} {help_}" for name, help_ in OFFLINE.items()]
     return "\n".join(lines)
 
 

@@ -35,15 +35,31 @@ class SchedulerConfig:
 
 
 @dataclass(frozen=True)
+class SecurityConfig:
+    """Who may call: TLS (with client certificates: mTLS), bearer tokens, reflection."""
+
+    tls_cert_file: Path | None = None  # PEM certificate chain; with tls_key_file: serve TLS
+    tls_key_file: Path | None = None  # PEM private key
+    tls_client_ca_file: Path | None = None  # PEM CAs; set: client certificates required (mTLS)
+    auth_token_file: Path | None = None  # one token per line; set: nmt.v1 and reflection need one
+    reflection: bool = True
+
+    @property
+    def tls(self) -> bool:
+        return self.tls_cert_file is not None
+
+
+@dataclass(frozen=True)
 class ServeConfig:
     """Everything ``nmt serve`` needs; validated once, passed whole."""
 
     model_repository: Path  # one model version dir, or a dir of <name>/<version>/
     default_model: str  # name served when a request leaves `model` empty ("" = first)
-    host: str  # address both ports bind to
+    host: str  # address the gRPC port binds to
     port: int  # gRPC port (0 = any free port)
+    metrics_host: str  # address the metrics port binds to ("" = host)
     metrics_port: int  # Prometheus /metrics port (0 = any free port)
-    precision: str  # graph variant: "fp32" or "int8"
+    precision: str  # graph variant: "fp32", "int8", or "auto" (each model's measured choice)
     provider: str  # ONNX Runtime provider: "cpu" or "cuda"
     threads: int  # ONNX Runtime intra-op threads (0 = its default)
     decoder_spinning: bool  # decoder-step thread pool spins between operators (see service.decoding.runtime)
@@ -53,6 +69,10 @@ class ServeConfig:
     grace_period: float  # seconds in-flight calls get to finish after SIGTERM
     max_connection_age: float  # seconds before a client connection is asked to reconnect (0 = never)
     log_level: str  # debug logs one line per request
+    model_control: str = "none"  # "poll": rescan the repository every poll_seconds (and on SIGHUP)
+    poll_seconds: float = 30.0
+    model_versions: str = "latest"  # "latest": one version per name served; "all": every version
+    security: SecurityConfig = SecurityConfig()  # TLS, mTLS, tokens, reflection
     http_port: int = 0  # HTTP/JSON API and web page (service.api.http_server); 0 = off
 
 
@@ -109,10 +129,15 @@ FLAGS: list[tuple[str, Callable[[str], object], object, str]] = [
     ("--model-repository", _text, str(DEFAULT_MODEL_REPOSITORY),
      "model version dir (with manifest.json) or a dir of <name>/<version>/ dirs"),
     ("--default-model", _text, "", "model name used when a request names none (default: first)"),
-    ("--host", _text, "0.0.0.0", "address to bind"),
+    # loopback by default: reaching the port is enough to call every RPC unless TLS and tokens
+    # are on; the container image sets NMT_HOST=0.0.0.0 (its network is the boundary there)
+    ("--host", _text, "127.0.0.1", "address the gRPC port binds to (0.0.0.0: every IPv4 interface)"),
     ("--port", _port, 50051, "gRPC port (0 = any free port)"),
+    ("--metrics-host", _text, "", "address the metrics port binds to (empty: --host); 127.0.0.1 "
+     "keeps /metrics off the network"),
     ("--metrics-port", _port, 9464, "Prometheus /metrics port (0 = any free port)"),
-    ("--precision", _choice("fp32", "int8"), "fp32", "graph precision"),
+    ("--precision", _choice("auto", "fp32", "int8"), "auto",
+     "graph precision; auto: int8 where the model's manifest shows it within 0.3 BLEU of fp32"),
     ("--provider", _choice("cpu", "cuda"), "cpu", "ONNX Runtime execution provider"),
     ("--threads", _int_at_least(0), 0, "ONNX Runtime intra-op threads (0 = its default)"),
     ("--decoder-spinning", _choice("on", "off"), "on",
@@ -136,6 +161,20 @@ FLAGS: list[tuple[str, Callable[[str], object], object, str]] = [
      "seconds after which a client connection gets GOAWAY and reconnects, so that clients spread "
      "over new replicas; its calls get --grace-period to finish (0 = never)"),
     ("--log-level", _choice(*LOG_LEVELS), "info", "debug logs one line per request"),
+    ("--model-control", _choice("none", "poll"), "none",
+     "poll: rescan the repository every --poll-seconds for new or removed <name>/<version>/ dirs "
+     "(SIGHUP rescans in either mode)"),
+    ("--poll-seconds", _seconds, 30.0, "seconds between rescans with --model-control poll"),
+    ("--model-versions", _choice("latest", "all"), "latest",
+     "latest: the newest version of each name serves; all: every version found (pin with name/version)"),
+    ("--tls-cert-file", _text, "", "PEM certificate chain: serve gRPC over TLS (with --tls-key-file); "
+     "re-read when the file changes"),
+    ("--tls-key-file", _text, "", "PEM private key of --tls-cert-file"),
+    ("--tls-client-ca-file", _text, "", "PEM CA certificates: client certificates are required and "
+     "verified against them (mTLS)"),
+    ("--auth-token-file", _text, "", "bearer tokens, one per line (# comments); set: every nmt.v1 "
+     "RPC and reflection need 'authorization: Bearer <token>' (health does not); re-read on change"),
+    ("--reflection", _choice("on", "off"), "on", "gRPC server reflection"),
     # HTTP/JSON beside gRPC (service.api.http_server); its body limit is --max-message-bytes
     ("--http-port", _port, 8080, "HTTP/JSON API and web page port (0 = off)"),
 ]
@@ -145,7 +184,7 @@ def env_name(flag: str) -> str:
     return "NMT_" + flag.lstrip("-").replace("-", "_").upper()
 
 
-OTHER_VARIABLES = ("NMT_SERVER", "NMT_LOCUST_", "NMT_SMOKE_")
+OTHER_VARIABLES = ("NMT_SERVER", "NMT_LOCUST_", "NMT_SMOKE_", "NMT_CLIENT_")
 """``NMT_*`` variables (or prefixes) read by the other tools of this project (``nmt translate``,
 the Locust and container-smoke scripts), not by ``nmt serve``."""
 
@@ -177,7 +216,8 @@ def parse(argv: list[str], env: Mapping[str, str] | None = None) -> ServeConfig:
     args = parser.parse_args(argv)
     return ServeConfig(
         model_repository=Path(args.model_repository), default_model=args.default_model,
-        host=args.host, port=args.port, metrics_port=args.metrics_port,
+        host=args.host, port=args.port, metrics_host=args.metrics_host or args.host,
+        metrics_port=args.metrics_port,
         precision=args.precision, provider=args.provider, threads=args.threads,
         decoder_spinning=args.decoder_spinning == "on",
         scheduler=SchedulerConfig(max_rows=args.max_rows, max_tokens=args.max_tokens,
@@ -188,5 +228,25 @@ def parse(argv: list[str], env: Mapping[str, str] | None = None) -> ServeConfig:
                       max_text_chars=args.max_text_chars),
         max_message_bytes=args.max_message_bytes, grace_period=args.grace_period,
         max_connection_age=args.max_connection_age,
-        log_level=args.log_level,
-        http_port=args.http_port)
+        log_level=args.log_level, model_control=args.model_control,
+        poll_seconds=max(args.poll_seconds, 0.1), model_versions=args.model_versions,
+        security=security(args), http_port=args.http_port)
+
+
+def _path(text: str) -> Path | None:
+    return Path(text) if text else None
+
+
+def security(args: argparse.Namespace) -> SecurityConfig:
+    """The TLS and token settings; a key without its certificate (or the reverse), or client
+    CAs without TLS, is an error: half a TLS setting must not become plaintext."""
+    cert, key, ca = _path(args.tls_cert_file), _path(args.tls_key_file), _path(args.tls_client_ca_file)
+    if (cert is None) != (key is None):
+        given, missing = ("--tls-cert-file", "--tls-key-file") if key is None else (
+            "--tls-key-file", "--tls-cert-file")
+        raise ConfigError(f"{given} needs {missing} ({env_name(missing)})")
+    if ca is not None and cert is None:
+        raise ConfigError("--tls-client-ca-file needs --tls-cert-file and --tls-key-file")
+    return SecurityConfig(tls_cert_file=cert, tls_key_file=key, tls_client_ca_file=ca,
+                          auth_token_file=_path(args.auth_token_file),
+                          reflection=args.reflection == "on")

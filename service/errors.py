@@ -15,6 +15,7 @@ class ErrorKind(enum.Enum):
     CANCELLED = "cancelled"  # the client went away
     UNAVAILABLE = "unavailable"  # draining for shutdown
     INTERNAL = "internal"  # a bug or a runtime failure
+    UNAUTHENTICATED = "unauthenticated"  # tokens are on and the call has none or a wrong one
 
 
 class NmtError(Exception):
@@ -26,12 +27,23 @@ class NmtError(Exception):
         self.message = message
 
 
+SHOWN_CHARS = 60
+"""Longest echo of a client's value in a message: a 200 KB value echoed whole would push the
+status past gRPC's metadata limit (the client would read RESOURCE_EXHAUSTED, not our error)."""
+
+
+def shown(value: object, limit: int = SHOWN_CHARS) -> str:
+    """``repr(value)``, cut to ``limit`` characters (with its full length when cut)."""
+    text = repr(value)
+    if len(text) <= limit:
+        return text
+    size = f" ({len(value)} characters)" if isinstance(value, str) else ""
+    return text[:limit - 3] + "..." + size
+
+
 def invalid(field: str, limit: str, value: object) -> NmtError:
-    """INVALID_ARGUMENT naming the field, the limit and the given value."""
-    shown = repr(value)
-    if len(shown) > 60:
-        shown = shown[:57] + "..."
-    return NmtError(ErrorKind.INVALID_ARGUMENT, f"{field} must be {limit}, got {shown}")
+    """INVALID_ARGUMENT naming the field, the limit and the given value (shortened)."""
+    return NmtError(ErrorKind.INVALID_ARGUMENT, f"{field} must be {limit}, got {shown(value)}")
 
 
 class ModelRepositoryError(Exception):

@@ -157,6 +157,8 @@ class DecodeBatch(Protocol):
 class Engine(Protocol):
     """What the scheduler needs from an engine."""
 
+    precision: str  # the graphs it runs: "fp32" or "int8"
+
     def prepare(self, text: str, options: DecodingOptions, index: int) -> Prepared:
         """Tokenize one text of a validated request (raises NmtError naming ``texts[index]``)."""
 

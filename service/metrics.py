@@ -78,9 +78,21 @@ class Metrics:
         self.cancelled = Counter("nmt_cancelled_total", "Requests the client cancelled", registry=r)
         self.model_info = Gauge("nmt_model_info", "Loaded model (value 1)", list(MODEL_LABELS),
                                 registry=r)
+        self.model_load_failures = Counter("nmt_model_load_failures_total",
+                                           "Model versions refused at a rescan (checksum, graphs, warm-up)",
+                                           ["name"], registry=r)
+        self._model_labels: dict[tuple[str, str], tuple[str, ...]] = {}
 
     def set_model(self, **labels: str) -> None:
-        self.model_info.labels(**{k: labels[k] for k in MODEL_LABELS}).set(1)
+        values = tuple(labels[k] for k in MODEL_LABELS)
+        self._model_labels[(labels["name"], labels["version"])] = values
+        self.model_info.labels(*values).set(1)
+
+    def forget_model(self, *, name: str, version: str) -> None:
+        """The version is no longer served: its ``nmt_model_info`` series goes."""
+        values = self._model_labels.pop((name, version), None)
+        if values is not None:
+            self.model_info.remove(*values)
 
     def serve(self, *, host: str, port: int) -> MetricsServer:
         """Start the /metrics HTTP endpoint in a daemon thread (port 0 = any free port)."""

@@ -8,10 +8,15 @@ PyTorch reference search (``export.search``).
 
 from __future__ import annotations
 
+import unicodedata
 from dataclasses import dataclass
 from typing import Sequence
 
 from service.errors import invalid
+
+INVISIBLE_CATEGORIES = frozenset({"Cc", "Cf", "Cs", "Cn", "Zs", "Zl", "Zp"})
+"""Control, format (U+200B, U+FEFF, bidi marks), surrogate, unassigned and separator
+characters: a text of only these has nothing to translate, like a whitespace-only one."""
 
 
 @dataclass(frozen=True)
@@ -63,13 +68,21 @@ def validate_request(texts: Sequence[str], options: DecodingOptions, limits: Lim
     return options
 
 
+def is_blank(text: str) -> bool:
+    """Nothing visible: empty, or only whitespace and invisible characters."""
+    return all(c.isspace() or unicodedata.category(c) in INVISIBLE_CATEGORIES for c in text)
+
+
 def _check_text(text: str, index: int, limits: Limits) -> None:
-    """Reject an empty, whitespace-only or oversized text (before tokenizing)."""
+    """Reject an empty, blank (whitespace or invisible characters only) or oversized text
+    (before tokenizing; the placeholder limit is the text layer's: ``placeholders.check_count``)."""
     field = f"texts[{index}]"
-    if not text.strip():
-        raise invalid(field, "a non-empty, non-whitespace string", text)
-    if len(text) > limits.max_text_chars:
+    if len(text) > limits.max_text_chars:  # first: the checks below read the whole text
         raise invalid(f"{field} length", f"at most {limits.max_text_chars} characters", len(text))
+    if is_blank(text):
+        # invisible characters count as whitespace: the message is the same, and repr()
+        # shows them ('\u200b')
+        raise invalid(field, "a non-empty, non-whitespace string", text)
 
 
 def _check_options(options: DecodingOptions, limits: Limits) -> None:

@@ -160,7 +160,9 @@ def test_compose_stack_builds_this_image_and_provisions_the_dashboard() -> None:
     assert (DEPLOY / nmt["build"]["context"] / nmt["build"]["dockerfile"]).resolve() == DOCKERFILE
     env = nmt_env(nmt["environment"])
     assert float(nmt["stop_grace_period"].rstrip("s")) > float(env["NMT_GRACE_PERIOD"])
-    assert nmt["read_only"] is True and f"{GRPC_PORT}:{GRPC_PORT}" in nmt["ports"]
+    assert nmt["read_only"] is True and f"${{NMT_PUBLISH_HOST:-127.0.0.1}}:{GRPC_PORT}:{GRPC_PORT}" in nmt["ports"]
+    assert all(p.startswith("${NMT_PUBLISH_HOST:-127.0.0.1}:") for s in services.values()
+               for p in s.get("ports", []))  # loopback unless published deliberately
     for service in services.values():
         for volume in service.get("volumes", []):
             assert (DEPLOY / volume.split(":")[0]).exists(), volume

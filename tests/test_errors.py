@@ -26,7 +26,7 @@ BAD = [
     (dict(texts=["x" * 3000]), "INVALID_ARGUMENT", r"texts\[0\] length must be at most 2000 characters, got 3000"),
     (dict(texts=["file " * 300]), "INVALID_ARGUMENT", r"texts\[0\] must be at most \d+ source tokens"),
     (dict(texts=["a"] * 9), "INVALID_ARGUMENT", r"texts must be at most 8 texts, got 9"),
-    (dict(texts=["a"], model="de-en"), "NOT_FOUND", r"model must be one of \['en-fr'\], got 'de-en'"),
+    (dict(texts=["a"], model="de-en"), "NOT_FOUND", r"model must be one of \['en-fr'\] \(or name/version of a loaded version\), got 'de-en'"),
     (dict(texts=["a"], options=dict(beam_size=0)), "INVALID_ARGUMENT",
      r"options.beam_size must be between 1 and 4, got 0"),
     (dict(texts=["a"], options=dict(beam_size=5)), "INVALID_ARGUMENT",

@@ -26,16 +26,18 @@ def hypothesis(h: Hypothesis) -> pb.Hypothesis:
                      source_token=a.source_token, weights=a.weights) for a in h.alignments])
 
 
-def response(translations: Sequence[Translation]) -> pb.TranslateResponse:
-    """The final answer, in request order."""
-    return pb.TranslateResponse(kind=pb.RESULT_KIND_FINAL, translations=[
+def response(translations: Sequence[Translation], manifest: Manifest) -> pb.TranslateResponse:
+    """The final answer, in request order, naming the model version that made it."""
+    return pb.TranslateResponse(kind=pb.RESULT_KIND_FINAL, model=manifest.name,
+                                model_version=manifest.version, translations=[
         pb.Translation(hypotheses=[hypothesis(h) for h in t.hypotheses],
                        source_tokens=t.source_tokens) for t in translations])
 
 
-def partial(event: Partial, prepared: Sequence[Prepared]) -> pb.TranslateResponse:
+def partial(event: Partial, prepared: Sequence[Prepared], manifest: Manifest) -> pb.TranslateResponse:
     """A streaming update: per text one hypothesis holding the text decided so far."""
-    return pb.TranslateResponse(kind=pb.RESULT_KIND_PARTIAL, translations=[
+    return pb.TranslateResponse(kind=pb.RESULT_KIND_PARTIAL, model=manifest.name,
+                                model_version=manifest.version, translations=[
         pb.Translation(hypotheses=[pb.Hypothesis(text=text)], source_tokens=p.source_pieces[:-1])
         for text, p in zip(event.texts, prepared)])
 

@@ -22,6 +22,8 @@ from grpc_health.v1.health import aio as health_aio
 from grpc_reflection.v1alpha import reflection
 
 from service.api import convert
+from service.api.auth import AuthInterceptor, TlsFiles, TokenFile
+from service.api.wire import SERVICE_NAME, Undecodable, add_translator
 from service.config import ConfigError, ServeConfig, parse
 from service.app import Model, ServedModels, load_engines
 from service.errors import ErrorKind, ModelRepositoryError, NmtError, ProviderUnavailableError
@@ -30,6 +32,8 @@ from service.metrics import Metrics, MetricsServer
 from service.options import validate_request
 from service.proto.nmt.v1 import translation_pb2 as pb
 from service.proto.nmt.v1 import translation_pb2_grpc as pb_grpc
+from service.scheduling.scheduler import Scheduler
+from service.text import placeholders
 
 log = logging.getLogger("nmt.server")
 
@@ -41,6 +45,7 @@ GRPC_CODES: dict[ErrorKind, grpc.StatusCode] = {
     ErrorKind.CANCELLED: grpc.StatusCode.CANCELLED,
     ErrorKind.UNAVAILABLE: grpc.StatusCode.UNAVAILABLE,
     ErrorKind.INTERNAL: grpc.StatusCode.INTERNAL,
+    ErrorKind.UNAUTHENTICATED: grpc.StatusCode.UNAUTHENTICATED,
 }
 """The one mapping from error kinds to gRPC status codes."""
 
@@ -55,8 +60,26 @@ HTTP_STATUS: dict[grpc.StatusCode, int] = {
 """HTTP status of each gRPC code (grpc-gateway's); the HTTP API derives an error kind's status
 as ``HTTP_STATUS[GRPC_CODES[kind]]``, so a new kind needs only its gRPC code."""
 
-SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Translator"].full_name  # "nmt.v1.Translator"
 WARMUP_TEXT = "Hello world"
+MAX_PENDING_REQUESTS = 20_000
+"""Calls gRPC core may hold before the servicer takes them (``grpc.server.max_pending_requests``
+and its hard limit; defaults 1000 and 3000). Above them core ends calls CANCELLED, unseen and
+uncounted: a burst of 2,000 got 165-211 of those. Measured (``loadtest/flood.py``, one channel,
+beam 5, long text; ``loadtest/results/flood.md``): 2,000 and 5,000 concurrent calls, 0 CANCELLED,
+every refusal counted. A pending call holds its headers and what HTTP/2 flow control let in of
+its message, as it would once taken; the queue of work stays bounded by --max-queued-work."""
+
+
+def server_options(config: ServeConfig) -> list[tuple[str, int]]:
+    """The grpc.aio server's channel arguments."""
+    options = [("grpc.max_receive_message_length", config.max_message_bytes),
+               ("grpc.so_reuseport", 0),  # a busy port must fail, not be shared
+               ("grpc.server.max_pending_requests", MAX_PENDING_REQUESTS),
+               ("grpc.server.max_pending_requests_hard_limit", MAX_PENDING_REQUESTS)]
+    if config.max_connection_age > 0:  # GOAWAY after the age; calls in flight get the grace
+        options += [("grpc.max_connection_age_ms", int(config.max_connection_age * 1000)),
+                    ("grpc.max_connection_age_grace_ms", int(config.grace_period * 1000))]
+    return options
 
 
 class App:
@@ -66,35 +89,49 @@ class App:
         self.config, self.metrics = config, Metrics()
         self.models = ServedModels(config, engines, self.metrics)
         self.health = health_aio.HealthServicer()
-        options = [("grpc.max_receive_message_length", config.max_message_bytes),
-                   ("grpc.so_reuseport", 0)]  # a busy port must fail, not be shared
-        if config.max_connection_age > 0:  # GOAWAY after the age; calls in flight get the grace
-            options += [("grpc.max_connection_age_ms", int(config.max_connection_age * 1000)),
-                        ("grpc.max_connection_age_grace_ms", int(config.grace_period * 1000))]
-        self.server = grpc.aio.server(options=options)
-        pb_grpc.add_TranslatorServicer_to_server(TranslatorServicer(self), self.server)
+        security = config.security
+        self.tls = TlsFiles(security) if security.tls else None  # first: a bad file stops us here
+        tokens = TokenFile(security.auth_token_file) if security.auth_token_file else None
+        interceptors = [AuthInterceptor(tokens, self.metrics)] if tokens else []
+        self.server = grpc.aio.server(options=server_options(config), interceptors=interceptors)
+        add_translator(TranslatorServicer(self), self.server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
-        reflection.enable_server_reflection(
-            [SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
-             reflection.SERVICE_NAME], self.server)
-        self.port = self.server.add_insecure_port(f"{config.host}:{config.port}")
+        if security.reflection:
+            reflection.enable_server_reflection(
+                [SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
+                 reflection.SERVICE_NAME], self.server)
+        address = f"{config.host}:{config.port}"
+        self.port = (self.server.add_secure_port(address, self.tls.credentials()) if self.tls
+                     else self.server.add_insecure_port(address))
         self.metrics_server: MetricsServer | None = None
+        self._tasks: set[asyncio.Task] = set()  # the poller and SIGHUP rescans
         self.serving = False  # health SERVING: the HTTP API's /readyz
-        # HTTP/JSON beside gRPC (--http-port; 0 = off). Imported here: http_server imports this module.
-        from service.api.http_server import HttpServer, allow_all
-        self.http = HttpServer(self, authorize=allow_all)
+        # HTTP/JSON beside gRPC (--http-port; 0 = off), with the same TLS files and tokens.
+        # Imported here: http_server imports this module.
+        from service.api.http_server import HttpServer, authorizer, tls_context
+        self.http = HttpServer(self, authorize=authorizer(interceptors[0] if interceptors else None))
+        self.http_tls = tls_context(security)
 
     def prepare(self, request: pb.TranslateRequest) -> tuple[Model, list[Prepared]]:
         """Validate the whole request (once, here, for gRPC and HTTP), then tokenize its texts."""
         options = validate_request(request.texts, convert.options(request.options), self.config.limits)
+        for i, text in enumerate(request.texts):
+            placeholders.check_count(text, f"texts[{i}]")
         model = self.models.get(request.model)
+        refuse_if_full(model.scheduler, len(request.texts) * options.beam_size)
         return model, [model.engine.prepare(text, options, i) for i, text in enumerate(request.texts)]
 
     def list_models(self) -> pb.ListModelsResponse:
         cfg = self.config
         return pb.ListModelsResponse(models=[
-            convert.model_info(m.manifest, precision=cfg.precision, provider=cfg.provider,
+            convert.model_info(m.manifest, precision=m.engine.precision, provider=cfg.provider,
                                is_default=i == 0) for i, m in enumerate(self.models.all)])
+
+    def rescan(self) -> None:
+        """Look at the model repository again, in the background (SIGHUP)."""
+        task = asyncio.get_running_loop().create_task(self.models.rescan())
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     @property
     def metrics_port(self) -> int:
@@ -105,19 +142,28 @@ class App:
         for service in ("", SERVICE_NAME):
             await self.health.set(service, health_pb2.HealthCheckResponse.NOT_SERVING)
         self.models.start()
-        self.metrics_server = self.metrics.serve(host=self.config.host, port=self.config.metrics_port)
+        self.metrics_server = self.metrics.serve(host=self.config.metrics_host,
+                                                 port=self.config.metrics_port)
         await self.server.start()
-        await self.http.start(self.config.host, self.config.http_port, ssl_context=None)
+        await self.http.start(self.config.host, self.config.http_port,
+                              ssl_context=self.http_tls)
         warmup_ms = await self.models.warm_up() * 1000
         for service in ("", SERVICE_NAME):
             await self.health.set(service, health_pb2.HealthCheckResponse.SERVING)
         self.serving = True
+        if self.config.model_control == "poll":
+            poller = asyncio.get_running_loop().create_task(self.models.poll(self.config.poll_seconds))
+            self._tasks.add(poller)
+            poller.add_done_callback(self._tasks.discard)
         sc = self.config.scheduler
-        log.info("serving %s on %s:%d (metrics :%d/metrics), %s on %s, %s-level batching "
+        sec = self.config.security
+        access = ("mTLS" if sec.tls_client_ca_file else "TLS" if sec.tls else "plaintext") + (
+            ", tokens" if sec.auth_token_file else ", no tokens")
+        log.info("serving %s on %s:%d (%s; metrics %s:%d/metrics) on %s, %s-level batching "
                  "(max_rows=%d max_tokens=%d max_wait=%.1fms max_queued_work=%d), warm-up %.0f ms, "
                  "HTTP :%d",
-                 ", ".join(m.ref for m in self.models.all), self.config.host, self.port,
-                 self.metrics_port, self.config.precision, self.config.provider,
+                 ", ".join(f"{m.ref} ({m.engine.precision})" for m in self.models.all), self.config.host,
+                 self.port, access, self.config.metrics_host, self.metrics_port, self.config.provider,
                  "step" if sc.step_level else "request", sc.max_rows, sc.max_tokens,
                  sc.max_wait * 1000, sc.max_queued_work, warmup_ms, self.http.port)
 
@@ -125,6 +171,9 @@ class App:
         """NOT_SERVING, refuse new calls, let in-flight ones finish within ``grace`` seconds."""
         self.serving = False
         await self.health.enter_graceful_shutdown()
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
         await asyncio.gather(self.server.stop(grace), self.http.stop(grace))
         await self.models.close()
         if self.metrics_server is not None:
@@ -142,7 +191,7 @@ class TranslatorServicer(pb_grpc.TranslatorServicer):
         async with self._rpc("Translate", request, context):
             model, prepared = self.app.prepare(request)
             translations = await model.scheduler.translate(prepared, timeout=context.time_remaining())
-            return convert.response(translations)
+            return convert.response(translations, model.manifest)
 
     async def TranslateStream(self, request: pb.TranslateRequest, context: grpc.aio.ServicerContext
                               ) -> AsyncIterator[pb.TranslateResponse]:
@@ -152,9 +201,9 @@ class TranslatorServicer(pb_grpc.TranslatorServicer):
             try:
                 async for event in events:
                     if isinstance(event, Partial):
-                        yield convert.partial(event, prepared)
+                        yield convert.partial(event, prepared, model.manifest)
                     elif isinstance(event, Final):
-                        yield convert.response(event.translations)
+                        yield convert.response(event.translations, model.manifest)
             finally:
                 await events.aclose()
 
@@ -170,6 +219,12 @@ class TranslatorServicer(pb_grpc.TranslatorServicer):
         metrics, code, started = self.app.metrics, grpc.StatusCode.OK, time.perf_counter()
         try:
             with metrics.request_duration.labels(method=method, protocol="grpc").time():
+                if isinstance(request, Undecodable):
+                    log.warning("%s: undecodable request from %s: %s", method, context.peer(),
+                                request.reason)
+                    raise NmtError(ErrorKind.INVALID_ARGUMENT, f"request must be a valid "
+                                   f"{request.message} (protobuf wire format, UTF-8 strings), got "
+                                   "bytes that do not parse")
                 yield
         except NmtError as e:
             code = GRPC_CODES[e.kind]
@@ -197,6 +252,19 @@ class TranslatorServicer(pb_grpc.TranslatorServicer):
                           (time.perf_counter() - started) * 1000)
 
 
+def refuse_if_full(scheduler: Scheduler, least: int) -> None:
+    """RESOURCE_EXHAUSTED before tokenizing when even the request's least work (each row one
+    step) would pass --max-queued-work: under a flood a refusal costs a comparison, not a
+    tokenization. Read without the scheduler's lock: advisory; submit() decides exactly."""
+    state = scheduler.state
+    limit = state.config.max_queued_work
+    if least <= limit < state.work + least:  # larger than the limit alone: submit() says so
+        raise NmtError(ErrorKind.RESOURCE_EXHAUSTED,
+                       f"server overloaded: queued work would be at least {state.work + least} "
+                       f"(estimated rows x steps; this request at least {least}), above the limit "
+                       f"max_queued_work={limit}; retry later")
+
+
 def build(config: ServeConfig, engines: Sequence[Engine] | None = None) -> App:
     """The server, not yet started (call inside the event loop that will run it)."""
     return App(config, load_engines(config) if engines is None else engines)
@@ -209,6 +277,7 @@ async def serve(config: ServeConfig) -> int:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    loop.add_signal_handler(signal.SIGHUP, app.rescan)
     try:
         await app.start()
     except Exception:
@@ -222,6 +291,14 @@ async def serve(config: ServeConfig) -> int:
     return 0
 
 
+def check_security_files(config: ServeConfig) -> None:
+    """ConfigError naming a missing, unreadable or mismatched TLS file or token file."""
+    if config.security.tls:
+        TlsFiles(config.security)
+    if config.security.auth_token_file:
+        TokenFile(config.security.auth_token_file)
+
+
 def main(argv: list[str]) -> int:
     """``nmt serve [flags]``."""
     try:
@@ -232,7 +309,8 @@ def main(argv: list[str]) -> int:
     logging.basicConfig(level=config.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
+        check_security_files(config)  # before the models load: a bad file fails in a second
         return asyncio.run(serve(config))
-    except (ModelRepositoryError, ProviderUnavailableError) as e:
+    except (ConfigError, ModelRepositoryError, ProviderUnavailableError) as e:
         print(f"nmt serve: {e}", file=sys.stderr)
         return 1

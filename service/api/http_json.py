@@ -46,7 +46,8 @@ def response_dict(message: pb.TranslateResponse) -> dict[str, Any]:
                             "weights": [ToShortestFloat(w) for w in a.weights]} for a in h.alignments]}
             for h in t.hypotheses],
         "source_tokens": list(t.source_tokens)} for t in message.translations],
-        "kind": KIND_NAMES.get(message.kind, message.kind)}
+        "kind": KIND_NAMES.get(message.kind, message.kind),
+        "model": message.model, "model_version": message.model_version}
 
 
 def to_json(message: Message) -> bytes:

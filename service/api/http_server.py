@@ -13,8 +13,10 @@ message gRPC would send, and the HTTP status ``HTTP_STATUS[GRPC_CODES[kind]]``.
 - ``GET /``: the web page (``service/api/web/``)
 
 A deadline: ``X-Request-Timeout: <seconds>``. Authorization: one hook, ``authorize(headers)``,
-called before anything else (``allow_all`` until tokens land); TLS: ``ssl_context`` of
-``HttpServer.start``.
+called before anything else: ``authorizer`` makes it from the gRPC side's ``AuthInterceptor``
+(the same token file, refusal message and ``nmt_auth_failures_total``), or ``allow_all``
+without tokens. TLS: ``ssl_context`` of ``HttpServer.start``, from the same files
+(``tls_context``; read at start, unlike gRPC's, which re-reads rotated files).
 """
 
 from __future__ import annotations
@@ -25,14 +27,16 @@ import logging
 import math
 import ssl
 from pathlib import Path
-from typing import TYPE_CHECKING, Awaitable, Callable, Mapping
+from typing import TYPE_CHECKING, Awaitable, Callable, Mapping, NamedTuple
 
 import grpc
 from aiohttp import web
 
 from service.api import convert
+from service.api.auth import REFUSAL, AuthInterceptor, refusal_reason
 from service.api.grpc_server import GRPC_CODES, HTTP_STATUS
 from service.api.http_json import BodyError, parse_request, sse, to_json
+from service.config import SecurityConfig
 from service.errors import ErrorKind, NmtError, invalid
 from service.interface import Final, Partial
 from service.proto.nmt.v1 import translation_pb2 as pb
@@ -54,6 +58,39 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 def allow_all(headers: Mapping[str, str]) -> None:
     """The authorization hook until bearer tokens land: every request passes. A real hook
     raises ``NmtError`` (its kind's gRPC code UNAUTHENTICATED answers 401)."""
+
+
+class Header(NamedTuple):
+    """An HTTP header in the shape of gRPC metadata (for ``auth.refusal_reason``)."""
+
+    key: str
+    value: str
+
+
+def authorizer(interceptor: AuthInterceptor | None) -> Authorize:
+    """The HTTP hook of the gRPC side's token check (``allow_all`` without tokens)."""
+    if interceptor is None:
+        return allow_all
+
+    def authorize(headers: Mapping[str, str]) -> None:
+        metadata = [Header("authorization", v) for k, v in headers.items() if k.lower() == "authorization"]
+        reason = refusal_reason(metadata, interceptor.tokens)
+        if reason is not None:
+            interceptor.failures.labels(reason).inc()
+            raise NmtError(ErrorKind.UNAUTHENTICATED, REFUSAL)
+    return authorize
+
+
+def tls_context(security: SecurityConfig) -> ssl.SSLContext | None:
+    """HTTPS from the gRPC side's files (client certificates required with client CAs)."""
+    if not security.tls:
+        return None
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.load_cert_chain(security.tls_cert_file, security.tls_key_file)
+    if security.tls_client_ca_file is not None:
+        context.load_verify_locations(security.tls_client_ca_file)
+        context.verify_mode = ssl.CERT_REQUIRED
+    return context
 
 
 class HttpError(Exception):
@@ -219,7 +256,8 @@ class HttpServer:
         message, timeout = await self._body(request)
         model, prepared = self.app.prepare(message)
         translations = await model.scheduler.translate(prepared, timeout=timeout)
-        return web.Response(body=to_json(convert.response(translations)), content_type="application/json")
+        return web.Response(body=to_json(convert.response(translations, model.manifest)),
+                            content_type="application/json")
 
     async def _stream(self, request: web.Request) -> web.StreamResponse:
         """The first event decides the status (a full queue is still a 429); then events."""
@@ -234,9 +272,9 @@ class HttpServer:
             request[STREAM_KEY] = stream
             while True:
                 if isinstance(event, Partial):
-                    await stream.write(sse("partial", to_json(convert.partial(event, prepared))))
+                    await stream.write(sse("partial", to_json(convert.partial(event, prepared, model.manifest))))
                 elif isinstance(event, Final):
-                    await stream.write(sse("final", to_json(convert.response(event.translations))))
+                    await stream.write(sse("final", to_json(convert.response(event.translations, model.manifest))))
                     break
                 event = await anext(events)
         finally:

@@ -3,10 +3,17 @@
     nmt translate "Open the file"          # one or more texts as arguments
     nmt translate < messages.txt           # one text per line, output in the same order
     nmt translate --beam 5 --nbest 3 --alignment "Delete %s files?"
+    nmt translate --tls-ca-file ca.crt --token-file token "Open the file"   # TLS and a token
 
 With ``--nbest`` above 1 each hypothesis prints as ``index ||| text ||| score``
 (the Moses n-best format); ``--alignment`` adds a table of which source piece
 each target piece attended to.
+
+TLS: ``--tls-ca-file`` (the CA the server's certificate must chain to) turns TLS on;
+``--tls-cert-file`` and ``--tls-key-file`` present a client certificate (mTLS).
+``--token-file``: its first token (not a ``#`` comment) is sent as
+``authorization: Bearer <token>``. Each has an ``NMT_CLIENT_*`` variable (not
+``NMT_*``: those are ``nmt serve``'s settings).
 """
 
 from __future__ import annotations
@@ -14,7 +21,8 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from typing import Iterator, TextIO
+from pathlib import Path
+from typing import Iterator, Sequence, TextIO
 
 import grpc
 
@@ -36,7 +44,52 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--nbest", type=int, default=1, help="hypotheses to print per text")
     p.add_argument("--alignment", action="store_true", help="print an alignment table")
     p.add_argument("--timeout", type=float, default=30.0, help="seconds per request")
+    for flag, help_ in CLIENT_FLAGS:
+        name = client_env(flag)
+        p.add_argument(flag, default=os.environ.get(name, ""), help=f"{help_} [{name}]")
     return p.parse_args(argv)
+
+
+CLIENT_FLAGS = [
+    ("--tls-ca-file", "PEM CA certificates to verify the server with (set: TLS)"),
+    ("--tls-cert-file", "PEM client certificate (mTLS; with --tls-key-file)"),
+    ("--tls-key-file", "PEM private key of --tls-cert-file"),
+    ("--tls-server-name", "name to verify the server certificate against (default: the host)"),
+    ("--token-file", "file whose first token is sent as 'authorization: Bearer <token>'"),
+]
+
+
+def client_env(flag: str) -> str:
+    return "NMT_CLIENT_" + flag.lstrip("-").replace("-", "_").upper()
+
+
+def read_token(path: str) -> str:
+    """The first line that is not blank nor a ``#`` comment."""
+    for line in Path(path).read_text(encoding="utf-8").splitlines():
+        if line.strip() and not line.lstrip().startswith("#"):
+            return line.strip()
+    raise ValueError(f"{path}: no token in the file")
+
+
+def open_channel(server: str, *, ca_file: str = "", cert_file: str = "", key_file: str = "",
+                 server_name: str = "") -> grpc.Channel:
+    """A plaintext channel, or TLS when ``ca_file`` is given (mTLS with cert and key)."""
+    if not ca_file:
+        if cert_file or key_file:
+            raise ValueError("--tls-cert-file and --tls-key-file need --tls-ca-file")
+        return grpc.insecure_channel(server)
+    if bool(cert_file) != bool(key_file):
+        raise ValueError("--tls-cert-file and --tls-key-file go together")
+    creds = grpc.ssl_channel_credentials(
+        root_certificates=Path(ca_file).read_bytes(),
+        private_key=Path(key_file).read_bytes() if key_file else None,
+        certificate_chain=Path(cert_file).read_bytes() if cert_file else None)
+    options = [("grpc.ssl_target_name_override", server_name)] if server_name else []
+    return grpc.secure_channel(server, creds, options=options)
+
+
+def auth_metadata(token_file: str) -> Sequence[tuple[str, str]] | None:
+    return [("authorization", f"Bearer {read_token(token_file)}")] if token_file else None
 
 
 def chunks(lines: list[str], size: int) -> Iterator[list[str]]:
@@ -73,7 +126,7 @@ def translate_all(stub: pb_grpc.TranslatorStub, texts: list[str], args: argparse
     answers: list[pb.Translation] = []
     for chunk in chunks(wanted, TEXTS_PER_REQUEST):
         reply = stub.Translate(pb.TranslateRequest(texts=chunk, model=args.model, options=options),
-                               timeout=args.timeout)
+                               timeout=args.timeout, metadata=auth_metadata(args.token_file))
         answers += reply.translations
     found = iter(answers)
     for text in texts:
@@ -83,8 +136,15 @@ def translate_all(stub: pb_grpc.TranslatorStub, texts: list[str], args: argparse
 
 def main(argv: list[str]) -> int:
     args = parse(argv)
+    try:
+        channel = open_channel(args.server, ca_file=args.tls_ca_file, cert_file=args.tls_cert_file,
+                               key_file=args.tls_key_file, server_name=args.tls_server_name)
+        auth_metadata(args.token_file)  # a bad token file fails before stdin is read
+    except (OSError, ValueError) as e:
+        print(f"nmt translate: {e}", file=sys.stderr)
+        return 2
     texts = args.texts or [line.rstrip("\r\n") for line in sys.stdin]
-    with grpc.insecure_channel(args.server) as channel:
+    with channel:
         try:
             translate_all(pb_grpc.TranslatorStub(channel), texts, args, sys.stdout)
         except grpc.RpcError as e:

@@ -37,6 +37,7 @@ from service.errors import ModelRepositoryError
 from service.interface import SpecialIds
 
 FORMAT = "nmt-serve/model-repository/v1"
+INT8_MAX_BLEU_LOSS = 0.3  # ``--precision auto`` serves int8 when it costs at most this
 MANIFEST = "manifest.json"
 
 ENCODER_INPUTS = {"src_ids": ["batch", "src_len"], "src_lengths": ["batch"]}
@@ -82,6 +83,22 @@ class Manifest:
     def max_source_tokens(self) -> int:
         return int(self.raw.get("limits", {}).get("max_source_tokens", 200))
 
+    def default_precision(self) -> tuple[str, str]:
+        """The precision ``--precision auto`` serves, and why: int8 when the repository has int8
+        graphs and its measured BLEU (``quality.engine``, by ``loadtest/quality_engine.py``) is
+        within ``INT8_MAX_BLEU_LOSS`` of fp32's for greedy and beam search; else fp32."""
+        if "int8" not in self.graphs:
+            return "fp32", "no int8 graphs"
+        engine = (self.raw.get("quality") or {}).get("engine") or {}
+        fp32, int8 = engine.get("fp32") or {}, engine.get("int8") or {}
+        searches = [s for s in ("greedy", "beam5") if s in fp32 and s in int8]
+        if len(searches) < 2:
+            return "fp32", "no measured int8 BLEU for greedy and beam5 in quality.engine"
+        losses = {s: fp32[s]["bleu"] - int8[s]["bleu"] for s in searches}
+        if max(losses.values()) > INT8_MAX_BLEU_LOSS:
+            return "fp32", f"int8 loses {max(losses.values()):.2f} BLEU (> {INT8_MAX_BLEU_LOSS})"
+        return "int8", ", ".join(f"{s} BLEU {fp32[s]['bleu']} fp32 / {int8[s]['bleu']} int8" for s in searches)
+
     @property
     def sha256(self) -> str:
         """Checksum of the manifest file itself: identifies this exact repository."""
@@ -117,11 +134,71 @@ def parse_special_ids(mpath: Path, field: Any) -> SpecialIds:
     return SpecialIds(**{n: field[n] for n in names})
 
 
+SIZES = {"ctx_size": lambda c: 2 * c["enc_hidden_size"], "attn_size": lambda c: c["attn_size"],
+         "dec_hidden_size": lambda c: c["dec_hidden_size"], "vocab_size": lambda c: c["tgt_vocab_size"]}
+"""The contract's fixed dimensions, from ``model_config`` (annotations: both directions)."""
+CONFIG_INTS = ("enc_hidden_size", "dec_hidden_size", "attn_size", "src_vocab_size", "tgt_vocab_size")
+
+
+def _field(mpath: Path, raw: dict[str, Any], name: str, expected: str, ok: Any) -> Any:
+    """``raw[name]`` if ``ok(value)``, else ModelRepositoryError naming the field and the
+    expected shape (a malformed field must not surface as a Python KeyError or TypeError)."""
+    value = raw.get(name)
+    try:
+        good = ok(value)
+    except (TypeError, AttributeError, KeyError):
+        good = False
+    if not good:
+        raise ModelRepositoryError(f"{mpath}: {name} must be {expected}, got {str(value)[:80]!r}")
+    return value
+
+
+def _is_str_map(value: Any, keys: tuple[str, ...] = ()) -> bool:
+    return (isinstance(value, dict) and all(isinstance(k, str) for k in value)
+            and all(isinstance(value.get(k), str) for k in keys))
+
+
+def _inside(root: Path, mpath: Path, file: str) -> None:
+    """A file the manifest names must lie in the repository: a relative path without ``..``
+    that resolves (symlinks followed) below ``root``; else the server would read and hash
+    whatever path a hostile manifest names."""
+    path = Path(file)
+    if (not file or path.is_absolute() or ".." in path.parts
+            or not (root / path).resolve().is_relative_to(root.resolve())):
+        raise ModelRepositoryError(f"{mpath}: file {file[:80]!r} must be a relative path inside "
+                                   "the repository")
+
+
+def _parse(root: Path, mpath: Path, raw: dict[str, Any]) -> Manifest:
+    """The typed manifest; each malformed field named with what was expected."""
+    config = _field(mpath, raw, "model_config", f"an object with integer {', '.join(CONFIG_INTS)}",
+                    lambda v: isinstance(v, dict) and all(type(v[k]) is int and v[k] > 0
+                                                          for k in CONFIG_INTS))
+    tokenizers = _field(mpath, raw, "tokenizers", 'an object {"source": file, "target": file}',
+                        lambda v: _is_str_map(v, ("source", "target")))
+    graphs = _field(mpath, raw, "graphs", 'an object precision -> {"encoder": file, '
+                    '"decoder_step": file}', lambda v: isinstance(v, dict) and v and all(
+                        _is_str_map(g, ("encoder", "decoder_step")) for g in v.values()))
+    files = _field(mpath, raw, "files", "an object file -> sha256 (64 hex digits)",
+                   lambda v: _is_str_map(v) and all(isinstance(h, str) and len(h) == 64
+                                                    for h in v.values()))
+    name = _field(mpath, raw, "name", "a non-empty string", lambda v: isinstance(v, str) and v)
+    version = _field(mpath, raw, "version", "a non-empty string or integer",
+                     lambda v: isinstance(v, (str, int)) and str(v))
+    return Manifest(root=root, name=name, version=str(version), model_config=dict(config),
+                    special=parse_special_ids(mpath, raw.get("special_ids")),
+                    source_tokenizer=tokenizers["source"], target_tokenizer=tokenizers["target"],
+                    graphs={p: GraphFiles(encoder=g["encoder"], decoder_step=g["decoder_step"])
+                            for p, g in graphs.items()},
+                    files=dict(files), raw=raw)
+
+
 def load_manifest(root: Path, *, verify: bool = True) -> Manifest:
     """Read a repository's manifest; with ``verify``, check every file's sha256.
 
     Raises ModelRepositoryError naming the file for a missing directory, a
-    missing or unreadable manifest, a missing file or a checksum mismatch.
+    missing or unreadable manifest, a malformed field, a file outside the
+    repository, a missing file or a checksum mismatch.
     """
     root = Path(root)
     if not root.is_dir():
@@ -136,19 +213,12 @@ def load_manifest(root: Path, *, verify: bool = True) -> Manifest:
     if not isinstance(raw, dict) or raw.get("format") != FORMAT:
         found = raw.get("format") if isinstance(raw, dict) else type(raw).__name__
         raise ModelRepositoryError(f"{mpath}: format must be {FORMAT!r}, got {found!r}")
-    try:
-        manifest = Manifest(
-            root=root, name=str(raw["name"]), version=str(raw["version"]),
-            model_config=dict(raw["model_config"]), special=parse_special_ids(mpath, raw.get("special_ids")),
-            source_tokenizer=raw["tokenizers"]["source"], target_tokenizer=raw["tokenizers"]["target"],
-            graphs={p: GraphFiles(encoder=g["encoder"], decoder_step=g["decoder_step"])
-                    for p, g in raw["graphs"].items()},
-            files=dict(raw["files"]), raw=raw)
-    except (KeyError, TypeError, AttributeError) as e:
-        raise ModelRepositoryError(f"{mpath}: missing or malformed field {e}") from None
+    manifest = _parse(root, mpath, raw)
     referenced = {manifest.source_tokenizer, manifest.target_tokenizer}
     for g in manifest.graphs.values():
         referenced |= {g.encoder, g.decoder_step}
+    for file in sorted(referenced | set(manifest.files)):
+        _inside(root, mpath, file)
     unlisted = sorted(referenced - set(manifest.files))
     if unlisted:
         raise ModelRepositoryError(f"{mpath}: files {unlisted} have no checksum in the manifest")
@@ -162,3 +232,36 @@ def load_manifest(root: Path, *, verify: bool = True) -> Manifest:
                 raise ModelRepositoryError(
                     f"{path}: sha256 mismatch (manifest {expected[:12]}…, file {actual[:12]}…)")
     return manifest
+
+
+def check_graphs(manifest: Manifest, precision: str, shapes: dict[str, dict[str, list[Any]]]) -> None:
+    """The graphs' fixed dimensions must be ``model_config``'s. ``shapes``: graph ("encoder",
+    "decoder_step") -> input or output name -> its shape as ONNX Runtime reports it."""
+    contract = {"encoder": {**ENCODER_INPUTS, **ENCODER_OUTPUTS},
+                "decoder_step": {**DECODER_INPUTS, **DECODER_OUTPUTS}}
+    files = manifest.graphs[precision]
+    for graph, names in contract.items():
+        file = files.encoder if graph == "encoder" else files.decoder_step
+        for name, dims in names.items():
+            have = shapes.get(graph, {}).get(name, [])
+            for axis, (symbol, size) in enumerate(zip(dims, have)):
+                want = SIZES[symbol](manifest.model_config) if symbol in SIZES else None
+                if want is not None and isinstance(size, int) and size != want:
+                    raise ModelRepositoryError(
+                        f"{manifest.path(file)}: {name} axis {axis} ({symbol}) is {size}, but "
+                        f"{manifest.root / MANIFEST} model_config gives {want}")
+
+
+def check_vocabularies(manifest: Manifest, *, source: int, target: int) -> None:
+    """The tokenizers' piece counts must be model_config's vocabulary sizes, and the target
+    tokenizer must not be the source one (a swapped tokenizer serves garbage)."""
+    config, mpath = manifest.model_config, manifest.root / MANIFEST
+    for side, file, size in (("src", manifest.source_tokenizer, source),
+                             ("tgt", manifest.target_tokenizer, target)):
+        if size != config[f"{side}_vocab_size"]:
+            raise ModelRepositoryError(f"{manifest.path(file)}: {size} pieces, but {mpath} "
+                                       f"model_config.{side}_vocab_size is {config[f'{side}_vocab_size']}")
+    files = manifest.files
+    if files[manifest.source_tokenizer] == files[manifest.target_tokenizer]:  # same sha256
+        raise ModelRepositoryError(f"{manifest.path(manifest.target_tokenizer)}: the target "
+                                   f"tokenizer is the source one ({manifest.source_tokenizer})")

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from service.config import SchedulerConfig
-from service.errors import ErrorKind, NmtError
+from service.errors import ErrorKind, NmtError, invalid
 from service.interface import Key, Prepared
 
 BUCKET_TOKENS = 8
@@ -56,9 +56,14 @@ class SchedulerState:
 
     def submit(self, request_id: int, prepared: Sequence[Prepared], *, now: float,
                deadline: float | None, stream: bool = False) -> None:
-        """Queue a request's texts, or raise RESOURCE_EXHAUSTED naming the limit."""
+        """Queue a request's texts, or raise RESOURCE_EXHAUSTED naming the limit (INVALID_ARGUMENT
+        when the request alone exceeds it: no retry could ever succeed)."""
         work = sum(p.work for p in prepared)
         limit = self.config.max_queued_work
+        if work > limit:
+            raise invalid("request work", f"at most max_queued_work={limit} (estimated rows x steps: "
+                          "beam_size x maximum target length, summed over texts; lower beam_size or "
+                          "max_decoding_length, or send fewer or shorter texts)", work)
         if self.work + work > limit:
             raise NmtError(ErrorKind.RESOURCE_EXHAUSTED,
                            f"server overloaded: queued work would be {self.work + work} "

@@ -69,6 +69,8 @@ class Scheduler:
         self._requests: dict[int, _Request] = {}  # event-loop thread only
         self._ids = itertools.count()
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._idle = asyncio.Event()  # set while no request waits on this scheduler
+        self._idle.set()
         self._thread: threading.Thread | None = None
 
     def start(self) -> None:
@@ -85,6 +87,19 @@ class Scheduler:
         await asyncio.sleep(0)  # what the thread posted before it stopped
         for request_id in list(self._requests):
             self._fail(request_id, NmtError(ErrorKind.UNAVAILABLE, "server shutting down"))
+
+    async def drained(self) -> None:
+        """Return once no request waits on this scheduler (a retiring model version)."""
+        while self._requests:
+            self._idle.clear()
+            await self._idle.wait()
+
+    def _forget(self, request_id: int) -> _Request | None:
+        """Take a request out of the event loop's table (answered, failed, cancelled)."""
+        request = self._requests.pop(request_id, None)
+        if not self._requests:
+            self._idle.set()
+        return request
 
     async def translate(self, prepared: Sequence[Prepared], *, timeout: float | None = None
                         ) -> list[Translation]:
@@ -118,7 +133,7 @@ class Scheduler:
                 if isinstance(event, Final):
                     return
         finally:
-            if self._requests.pop(request_id, None) is not None:  # cancelled or abandoned
+            if self._forget(request_id) is not None:  # cancelled or abandoned
                 self._cancel(request_id)
 
     # -- the engine thread --------------------------------------------------------------
@@ -239,7 +254,7 @@ class Scheduler:
             if t.hypotheses:
                 self._metrics.target_tokens.observe(len(t.hypotheses[0].tokens))
                 self._metrics.generated_tokens.inc(len(t.hypotheses[0].tokens))
-        del self._requests[request_id]
+        self._forget(request_id)
         request.events.put_nowait(Final(tuple(translations)))
 
     def _fail_all(self, request_ids: list[int], error: NmtError) -> None:
@@ -247,7 +262,7 @@ class Scheduler:
             self._fail(request_id, error)
 
     def _fail(self, request_id: int, error: NmtError) -> None:
-        request = self._requests.pop(request_id, None)
+        request = self._forget(request_id)
         self._cancel(request_id)
         if request is not None:
             request.events.put_nowait(error)

@@ -15,15 +15,23 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from service.errors import invalid
+
 MAX_PLACEHOLDERS = 16
-"""Reserved tokens ``｟0｠`` .. ``｟15｠``; messages with more are not protected."""
+"""Reserved tokens ``｟0｠`` .. ``｟15｠``. The server refuses a text with more placeholders
+(``service.options``): past the limit a placeholder would be ordinary text, which the model
+may drop or rewrite. The corpus builder drops such pairs."""
 
 _OPEN, _CLOSE = "\uff5f", "\uff60"  # ｟ ｠: never seen in real messages
 
 # Order matters: the first alternative that matches at a position wins.
+# A literal reserved-token character in a message (``｟0｠``, a lone ``｠``) is a placeholder
+# itself: left as it is, the tokenizer would read it as a reserved token, and restore() drops
+# the tokens the source does not have, so the character would vanish.
 _PATTERN = re.compile(
     r"""
-      %%                                            # literal percent
+      \uff5f[^\uff5f\uff60]{0,20}\uff60 | [\uff5f\uff60]   # ｟...｠, a lone ｟ or ｠: kept verbatim
+    | %%                                            # literal percent
     | %\([A-Za-z_][\w.]*\)[-+#0]*\d*(?:\.\d+)?[diouxXeEfFgGcrsa]  # %(name)s
     | %(?:\d+\$)?[-+#0]*(?:\d+|\*)?(?:\.(?:\d+|\*))?(?:hh|h|ll|l|L|q|j|z|Z|t|I64|I32|I)?[diouxXeEfFgGcrsSpaAnm]
     | \{\{|\}\}                                     # escaped braces
@@ -51,6 +59,16 @@ def find(text: str) -> list[str]:
     return [m.group(0) for m in _PATTERN.finditer(text)]
 
 
+def check_count(text: str, field: str) -> None:
+    """INVALID_ARGUMENT when ``text`` has more placeholders than there are reserved tokens:
+    past them a placeholder would be ordinary text that the model may drop or rewrite, which
+    breaks the promise that none is lost or invented. The client can split the message."""
+    count = len(find(text))
+    if count > MAX_PLACEHOLDERS:
+        raise invalid(f"{field} placeholders", f"at most {MAX_PLACEHOLDERS} format placeholders "
+                      "(the model's reserved tokens; split the message)", count)
+
+
 @dataclass(frozen=True)
 class Protected:
     """A message with its placeholders replaced by reserved tokens."""
@@ -63,7 +81,8 @@ def protect(text: str) -> Protected:
     """Replace each placeholder of a source message by ``｟k｠``.
 
     Messages with more than ``MAX_PLACEHOLDERS`` placeholders keep the ones past
-    the limit verbatim (they are then translated as ordinary text).
+    the limit verbatim (they are then ordinary text): the server refuses such texts
+    (``service.options``), the corpus builder drops them.
     """
     found: list[str] = []
 

@@ -45,12 +45,16 @@ class DecodingOptions(_message.Message):
     def __init__(self, beam_size: _Optional[int] = ..., num_hypotheses: _Optional[int] = ..., length_penalty: _Optional[float] = ..., max_decoding_length: _Optional[int] = ..., max_length_ratio: _Optional[float] = ..., return_scores: _Optional[bool] = ..., return_attention: _Optional[bool] = ...) -> None: ...
 
 class TranslateResponse(_message.Message):
-    __slots__ = ("translations", "kind")
+    __slots__ = ("translations", "kind", "model", "model_version")
     TRANSLATIONS_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    MODEL_VERSION_FIELD_NUMBER: _ClassVar[int]
     translations: _containers.RepeatedCompositeFieldContainer[Translation]
     kind: ResultKind
-    def __init__(self, translations: _Optional[_Iterable[_Union[Translation, _Mapping]]] = ..., kind: _Optional[_Union[ResultKind, str]] = ...) -> None: ...
+    model: str
+    model_version: str
+    def __init__(self, translations: _Optional[_Iterable[_Union[Translation, _Mapping]]] = ..., kind: _Optional[_Union[ResultKind, str]] = ..., model: _Optional[str] = ..., model_version: _Optional[str] = ...) -> None: ...
 
 class Translation(_message.Message):
     __slots__ = ("hypotheses", "source_tokens")

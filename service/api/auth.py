@@ -1,0 +1,202 @@
+"""Who may call ``nmt serve``: TLS (mTLS with client CAs) and bearer tokens, both re-read on change.
+
+- ``TlsFiles``: the PEM certificate, key and optional client CAs. Checked at start-up
+  (a missing, unreadable or mismatched file is a ``ConfigError`` naming it: the server
+  stops with one line). gRPC asks ``fetch`` before every TLS handshake
+  (``grpc.dynamic_ssl_server_credentials``); it re-reads the files when their stat
+  changed, so a rotated certificate serves new connections without a restart. A
+  half-written rotation is kept out: the old certificate stays until the files agree.
+- ``TokenFile``: one token per line, ``#`` comments; re-read when it changes.
+- ``AuthInterceptor``: calls without ``authorization: Bearer <known token>`` get
+  UNAUTHENTICATED (the token is never echoed nor logged), counted in
+  ``nmt_auth_failures_total{reason}``. Health is exempt, so probes need no token.
+"""
+
+from __future__ import annotations
+
+import hmac
+import logging
+import os
+import ssl
+from pathlib import Path
+from typing import Any, Awaitable, Callable, Sequence
+
+import grpc
+from prometheus_client import Counter
+
+from service.config import ConfigError, SecurityConfig
+from service.metrics import Metrics
+
+log = logging.getLogger("nmt.auth")
+
+EXEMPT_PREFIX = "/grpc.health.v1.Health/"  # liveness and readiness probes carry no token
+REASONS = ("missing", "malformed", "invalid")  # no header; not "Bearer <token>"; unknown token
+REFUSAL = "missing or invalid token: send metadata 'authorization: Bearer <token>'"
+Stamp = tuple[tuple[int, int, int], ...] | None
+
+
+def stamp(paths: Sequence[Path]) -> Stamp:
+    """What changes when a file is rewritten or replaced (None: one cannot be read now)."""
+    try:
+        return tuple((s.st_mtime_ns, s.st_size, s.st_ino) for s in (os.stat(p) for p in paths))
+    except OSError:
+        return None
+
+
+def read_file(path: Path, what: str) -> bytes:
+    """The file's bytes, or ConfigError naming it."""
+    try:
+        data = path.read_bytes()
+    except OSError as e:
+        raise ConfigError(f"{path}: cannot read the {what} ({e.strerror or e})") from None
+    if not data.strip():
+        raise ConfigError(f"{path}: the {what} is empty")
+    return data
+
+
+def _no_password() -> str:
+    raise ConfigError("encrypted private keys are not supported")
+
+
+def check_tls(cert: Path, key: Path, ca: Path | None) -> None:
+    """Parse the certificate, the key (it must match the certificate) and the CAs with OpenSSL,
+    so that a bad file fails here, naming it, not at the first handshake."""
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    for path, what in ((cert, "TLS certificate"), *(((ca, "client CA file"),) if ca else ())):
+        read_file(path, what)
+        try:
+            ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT).load_verify_locations(cafile=str(path))
+        except (ssl.SSLError, ValueError) as e:
+            raise ConfigError(f"{path}: not a PEM certificate ({e})") from None
+    read_file(key, "TLS private key")
+    try:
+        context.load_cert_chain(str(cert), str(key), password=_no_password)
+    except ssl.SSLError as e:
+        if "KEY_VALUES_MISMATCH" in str(e) or "key values mismatch" in str(e):
+            raise ConfigError(f"{key}: private key does not match the certificate {cert}") from None
+        raise ConfigError(f"{key}: not a PEM private key for {cert} ({e})") from None
+    except ConfigError as e:
+        raise ConfigError(f"{key}: {e}") from None
+
+
+class TlsFiles:
+    """The server's TLS files and the credentials that re-read them."""
+
+    def __init__(self, security: SecurityConfig) -> None:
+        assert security.tls_cert_file is not None and security.tls_key_file is not None
+        self.cert, self.key = security.tls_cert_file, security.tls_key_file
+        self.ca = security.tls_client_ca_file
+        self.paths = [self.cert, self.key, *([self.ca] if self.ca else [])]
+        self.stamp, self.rejected = stamp(self.paths), None
+        self.current = self._load()
+
+    def _load(self) -> grpc.ServerCertificateConfiguration:
+        check_tls(self.cert, self.key, self.ca)
+        return grpc.ssl_server_certificate_configuration(
+            [(read_file(self.key, "TLS private key"), read_file(self.cert, "TLS certificate"))],
+            root_certificates=read_file(self.ca, "client CA file") if self.ca else None)
+
+    def fetch(self) -> grpc.ServerCertificateConfiguration | None:
+        """gRPC's per-handshake question: new files (a configuration) or no change (None)."""
+        now = stamp(self.paths)
+        if now is None or now == self.stamp or now == self.rejected:
+            return None
+        try:
+            config = self._load()
+        except ConfigError as e:  # mid-rotation, or a bad file: keep serving the old one
+            self.rejected = now
+            log.warning("keeping the current TLS certificate: %s", e)
+            return None
+        self.stamp, self.current = now, config
+        log.info("TLS files changed: new connections use %s", self.cert)
+        return config
+
+    def credentials(self) -> grpc.ServerCredentials:
+        return grpc.dynamic_ssl_server_credentials(self.current, self.fetch,
+                                                   require_client_authentication=self.ca is not None)
+
+
+class TokenFile:
+    """The accepted tokens: one per line, blank lines and ``#`` comments ignored."""
+
+    def __init__(self, path: Path) -> None:
+        self.path, self.stamp = path, stamp([path])
+        self.tokens = self._load()
+
+    def _load(self) -> list[bytes]:
+        lines = read_file(self.path, "token file").decode("utf-8", "replace").splitlines()
+        tokens = [t.strip().encode() for t in lines if t.strip() and not t.lstrip().startswith("#")]
+        if not tokens:
+            raise ConfigError(f"{self.path}: the token file has no token (only comments or blanks)")
+        return tokens
+
+    def current(self) -> list[bytes]:
+        """The tokens, re-read if the file changed (a bad rewrite keeps the old ones)."""
+        now = stamp([self.path])
+        if now is not None and now != self.stamp:
+            self.stamp = now
+            try:
+                self.tokens = self._load()
+                log.info("token file %s changed: %d tokens", self.path, len(self.tokens))
+            except ConfigError as e:
+                log.warning("keeping the previous tokens: %s", e)
+        return self.tokens
+
+    def accepts(self, presented: bytes) -> bool:
+        """Constant time per token, every token compared: no early exit to time."""
+        found = False
+        for token in self.current():
+            found |= hmac.compare_digest(token, presented)
+        return found
+
+
+def refusal_reason(metadata: Sequence[Any] | None, tokens: TokenFile) -> str | None:
+    """None if the call carries a known token, else why not (one of REASONS)."""
+    values = [m.value for m in metadata or () if m.key == "authorization"]
+    if not values:
+        return "missing"
+    value = values[0] if isinstance(values[0], str) else values[0].decode("latin-1")
+    scheme, _, token = value.partition(" ")
+    if scheme.lower() != "bearer" or not token.strip():
+        return "malformed"
+    return None if tokens.accepts(token.strip().encode()) else "invalid"
+
+
+def _deny(handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
+    """A handler of the same kind that answers UNAUTHENTICATED without reading the request."""
+    async def deny(request: object, context: grpc.aio.ServicerContext) -> None:
+        await context.abort(grpc.StatusCode.UNAUTHENTICATED, REFUSAL)
+
+    serializer = handler.response_serializer
+    if handler.unary_unary:
+        return grpc.unary_unary_rpc_method_handler(deny, response_serializer=serializer)
+    if handler.unary_stream:
+        return grpc.unary_stream_rpc_method_handler(deny, response_serializer=serializer)
+    if handler.stream_unary:
+        return grpc.stream_unary_rpc_method_handler(deny, response_serializer=serializer)
+    return grpc.stream_stream_rpc_method_handler(deny, response_serializer=serializer)
+
+
+class AuthInterceptor(grpc.aio.ServerInterceptor):
+    """Every RPC but health needs a known bearer token."""
+
+    def __init__(self, tokens: TokenFile, metrics: Metrics) -> None:
+        self.tokens, self.requests = tokens, metrics.requests
+        self.failures = Counter("nmt_auth_failures_total", "Calls refused UNAUTHENTICATED, by reason",
+                                ["reason"], registry=metrics.registry)
+        for reason in REASONS:  # every series from the start, so rate() sees the first failure
+            self.failures.labels(reason)
+
+    async def intercept_service(
+            self, continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
+            details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler:
+        handler = await continuation(details)
+        if handler is None or details.method.startswith(EXEMPT_PREFIX):
+            return handler
+        reason = refusal_reason(details.invocation_metadata, self.tokens)
+        if reason is None:
+            return handler
+        self.failures.labels(reason).inc()
+        self.requests.labels(method=details.method.rsplit("/", 1)[-1], code="UNAUTHENTICATED",
+                             protocol="grpc").inc()
+        return _deny(handler)

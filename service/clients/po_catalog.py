@@ -1,0 +1,291 @@
+"""The catalog side of ``nmt translate-po`` (``service/clients/po.py``): read a catalog,
+check format flags, split messages into lines, fill entries, write the result.
+
+No gRPC here: what goes over the wire and how is ``po.py``'s business.
+"""
+
+from __future__ import annotations
+
+import codecs
+import os
+import re
+import shutil
+import textwrap
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import dataclass
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+
+import polib
+
+from service.text import placeholders
+
+TOO_MANY_PLACEHOLDERS = f"more than {placeholders.MAX_PLACEHOLDERS} placeholders"
+MAX_TEXT_CHARS = 2000  # the server's default --max-text-chars: longer lines are not sent
+MARK = "nmt translate-po:"  # starts every translator comment this tool writes (replaced on reruns)
+COMMENT_WIDTH = 76  # polib wraps a comment line past 78 columns, "# " included
+FORMAT_FLAGS = ("c-format", "python-format", "python-brace-format")
+# Plural-Forms of the GNU gettext manual ("Plural forms"), for targets whose header lacks one.
+PLURAL_FORMS = {
+    "fr": "nplurals=2; plural=(n > 1);", "pt_BR": "nplurals=2; plural=(n > 1);",
+    "en": "nplurals=2; plural=(n != 1);", "de": "nplurals=2; plural=(n != 1);",
+    "es": "nplurals=2; plural=(n != 1);", "it": "nplurals=2; plural=(n != 1);",
+    "nl": "nplurals=2; plural=(n != 1);", "pt": "nplurals=2; plural=(n != 1);",
+    "ja": "nplurals=1; plural=0;", "zh": "nplurals=1; plural=0;", "ko": "nplurals=1; plural=0;",
+    "ru": "nplurals=3; plural=(n%10==1 && n%100!=11 ? 0 : n%10>=2 && n%10<=4 && (n%100<10 || "
+          "n%100>=20) ? 1 : 2);",
+    "pl": "nplurals=3; plural=(n==1 ? 0 : n%10>=2 && n%10<=4 && (n%100<10 || n%100>=20) ? 1 : 2);",
+}
+
+
+class Failure(Exception):
+    """Stops the run: ``message`` is the one line printed, ``code`` the exit status."""
+
+    def __init__(self, code: int, message: str) -> None:
+        super().__init__(message)
+        self.code, self.message = code, message
+
+
+# ---- format flags: which placeholders a translation must keep, and in what order ----
+
+_C = re.compile(r"%%|%(\d+\$)?[-+ #0']*(?:\d+|\*)?(?:\.(?:\d+|\*))?(?:hh|h|ll|l|L|q|j|z|Z|t)?"
+                r"[diouxXeEfFgGaAcspnm]")
+_PYTHON = re.compile(r"%%|%(\([^)]*\))?[-+ #0]*(?:\d+|\*)?(?:\.(?:\d+|\*))?[hlL]?[diouxXeEfFgGcrsa]")
+_BRACE = re.compile(r"\{\{|\}\}|\{([^{}!:]*)(?:![rsa])?(?::[^{}]*)?\}")
+
+
+def directives(flag: str, text: str) -> list[tuple[str, bool]]:
+    """The directives of ``text`` under ``flag``: (directive, may it move). C ``%1$s``,
+    Python ``%(x)s`` and ``{name}``/``{0}`` name their argument, so they may reorder;
+    ``%s`` and ``{}`` take the next argument, so their order is the arguments' order."""
+    pattern = {"c-format": _C, "python-format": _PYTHON, "python-brace-format": _BRACE}[flag]
+    found = []
+    for m in pattern.finditer(text):
+        if m.group(0) in ("%%", "{{", "}}"):
+            continue
+        found.append((m.group(0), bool(m.group(1))))
+    return found
+
+
+def format_problem(flags: Iterable[str], source: str, translation: str) -> tuple[str, str] | None:
+    """Why ``translation`` would break one of the entry's format flags: (reason, details), or None."""
+    for flag in (f for f in FORMAT_FLAGS if f in flags):
+        want, got = directives(flag, source), directives(flag, translation)
+        lost, invented = Counter(want) - Counter(got), Counter(got) - Counter(want)
+        if lost or invented:
+            changes = [f"{what} {_show(c)}" for what, c in (("loses", lost), ("invents", invented)) if c]
+            return f"would break {flag}", f"would break {flag}: it {' and '.join(changes)}"
+        if [d for d, free in want if not free] != [d for d, free in got if not free]:
+            return f"would break {flag}", f"would break {flag}: it reorders {_show(Counter(want))}"
+    return None
+
+
+def _show(counts: Counter[tuple[str, bool]]) -> str:
+    return ", ".join(d if n == 1 else f"{d} ({n} times)" for (d, _), n in counts.items())
+
+
+# ---- lines: what is sent, and how the answers are put back ----
+
+_LINE = re.compile(r"(\s*)(.*?)(\s*)", re.DOTALL)
+
+
+def lines(text: str) -> list[tuple[str, str, str]]:
+    """``text`` split at line breaks into (leading whitespace, core, trailing whitespace)."""
+    return [_LINE.fullmatch(line).groups() for line in text.split("\n")]  # type: ignore[union-attr]
+
+
+def rejoin(text: str, translations: dict[str, str]) -> str:
+    """``text`` with each non-blank line's core replaced by its translation."""
+    return "\n".join(lead + (translations[core] if core else "") + trail
+                     for lead, core, trail in lines(text))
+
+
+# ---- the catalog: read, header, which entries to translate, fill, write ----
+
+def read_catalog(path: Path) -> polib.POFile:
+    """The catalog at ``path``; Failure(2) naming the file (and line) if it is not one."""
+    try:
+        raw = path.read_bytes()
+    except OSError as e:
+        raise Failure(2, f"{path}: cannot read: {e.strerror}") from None
+    if raw[:4] in (b"\xde\x12\x04\x95", b"\x95\x04\x12\xde"):  # the .mo magic number
+        raise Failure(2, f"{path}: a compiled .mo catalog, not a .po or .pot")
+    encoding = polib.detect_encoding(str(path))  # the header's charset; UTF-8 without one
+    _check_encoding(raw, encoding, path)
+    try:
+        catalog = polib.pofile(str(path), encoding=encoding)
+    except (OSError, ValueError) as e:
+        raise Failure(2, f"{path}: not a gettext catalog: {e}") from None
+    if not catalog.metadata and not len(catalog):
+        raise Failure(2, f"{path}: not a gettext catalog: no header and no entries")
+    return catalog
+
+
+def _check_encoding(raw: bytes, encoding: str, path: Path) -> None:
+    """Failure(2) if ``raw`` is not in ``encoding``: bytes that do not decode (polib's own error
+    would not say where), or UTF-8 under another charset, which would decode to mojibake (text
+    in a legacy charset with non-ASCII letters is almost never valid UTF-8 by chance)."""
+    said = "as its header says" if re.search(rb"charset=", raw) else "(its header names no charset)"
+    try:
+        raw.decode(encoding)
+    except UnicodeDecodeError as e:
+        line = raw.count(b"\n", 0, e.start) + 1
+        raise Failure(2, f"{path}:{line}: not {encoding} {said} (byte 0x{raw[e.start]:02x})") from None
+    if codecs.lookup(encoding).name != "utf-8" and not raw.isascii():
+        try:
+            raw.decode("utf-8")
+        except UnicodeDecodeError:
+            return
+        raise Failure(2, f"{path}: UTF-8, not {encoding} as its header says")
+
+
+def _primary(language: str) -> str:
+    return re.split(r"[_@.-]", language, maxsplit=1)[0].lower()
+
+
+def update_header(catalog: polib.POFile, target: str, *, overwrite: bool, path: Path) -> int:
+    """Give the header Language, Plural-Forms when it has none, X-Generator; the nplurals in effect."""
+    meta = catalog.metadata
+    language = meta.get("Language", "").strip()
+    if language and _primary(language) != _primary(target):
+        if not overwrite:
+            raise Failure(2, f"{path}: the catalog's Language is {language!r}, the model translates "
+                             f"into {target!r} (--overwrite to retarget it)")
+        language = ""
+    if not language:
+        meta["Language"] = language = target
+    forms = meta.get("Plural-Forms", "")
+    if not re.search(r"nplurals\s*=\s*\d+", forms):  # absent, or a template's nplurals=INTEGER
+        forms = PLURAL_FORMS.get(language) or PLURAL_FORMS.get(_primary(language), "")
+        if not forms and any(e.msgid_plural for e in catalog):
+            raise Failure(2, f"{path}: no Plural-Forms known for {language!r}: add one to the header")
+        if forms:
+            meta["Plural-Forms"] = forms
+    if "CHARSET" in meta.get("Content-Type", "charset=CHARSET"):  # a template's placeholder
+        meta["Content-Type"], catalog.encoding = "text/plain; charset=UTF-8", "utf-8"
+    if meta.get("Content-Transfer-Encoding", "ENCODING") == "ENCODING":
+        meta["Content-Transfer-Encoding"] = "8bit"
+    meta["X-Generator"] = f"nmt-serve {_version()} (nmt translate-po)"
+    found = re.search(r"nplurals\s*=\s*(\d+)", forms)
+    return int(found.group(1)) if found else 2
+
+
+def _version() -> str:
+    try:
+        return version("nmt-serve")
+    except PackageNotFoundError:
+        return "unknown"
+
+
+def sources(entry: polib.POEntry, nplurals: int) -> list[str]:
+    """The source text of each msgstr form: form 0 from msgid, the others from msgid_plural
+    (a one-form language's only form covers every n, so it comes from msgid_plural)."""
+    if not entry.msgid_plural:
+        return [entry.msgid]
+    return [entry.msgid if i == 0 and nplurals > 1 else entry.msgid_plural for i in range(nplurals)]
+
+
+def keep_reason(entry: polib.POEntry, *, overwrite: bool) -> str | None:
+    """Why an entry is kept as it is (obsolete, translated, fuzzy), or None to translate it."""
+    if entry.obsolete:
+        return "obsolete"
+    has_translation = bool(entry.msgstr) or any(entry.msgstr_plural.values())
+    if overwrite or not has_translation:
+        return None
+    return "fuzzy" if "fuzzy" in entry.flags else "translated"
+
+
+def skip_reason(entry: polib.POEntry, nplurals: int) -> str | None:
+    """Why an entry is not sent: the server refuses blank texts and texts over its limit."""
+    cores = [core for s in sources(entry, nplurals) for _, core, _ in lines(s) if core]
+    if not cores:
+        return "blank"
+    if max(map(len, cores)) > MAX_TEXT_CHARS:
+        return f"a line over {MAX_TEXT_CHARS} characters"
+    if max(len(placeholders.find(core)) for core in cores) > placeholders.MAX_PLACEHOLDERS:
+        return TOO_MANY_PLACEHOLDERS  # the server refuses them: it could not keep every one
+    return None
+
+
+def set_comment(entry: polib.POEntry, text: str) -> None:
+    """Replace this tool's translator comment, keep the others. Every line of it starts with
+    MARK and fits polib's 78 columns, which would otherwise wrap it into unmarked lines that a
+    rerun could not tell from a translator's."""
+    others = [c for c in entry.tcomment.split("\n") if c and not c.startswith(MARK)]
+    ours = [f"{MARK} {line}" for line in textwrap.wrap(text, COMMENT_WIDTH - len(MARK) - 1)]
+    entry.tcomment = "\n".join(others + ours)
+
+
+@dataclass(frozen=True)
+class Filling:
+    """How machine output goes into entries."""
+
+    nplurals: int
+    comment: str  # the translator comment naming the model
+    fuzzy: bool
+    encoding: str  # the catalog's: a translation it cannot hold is left out
+
+
+def fill(entry: polib.POEntry, translations: dict[str, str], how: Filling) -> str | None:
+    """Put the translations into ``entry``; or leave it untranslated and say why (returned)."""
+    forms = [(s, rejoin(s, translations)) for s in sources(entry, how.nplurals)]
+    problem = _problem(entry, forms, translations, how.encoding)
+    if problem is not None:
+        set_comment(entry, f"left as it is: the machine translation {problem[1]}")
+        return problem[0]
+    if entry.msgid_plural:
+        entry.msgstr_plural = {i: t for i, (_, t) in enumerate(forms)}
+    else:
+        entry.msgstr = forms[0][1]
+    # the old fuzzy match's previous msgid describes the replaced translation, not this one
+    entry.previous_msgid = entry.previous_msgid_plural = entry.previous_msgctxt = None
+    set_comment(entry, how.comment)
+    flags = [f for f in entry.flags if f != "fuzzy"]
+    entry.flags = ["fuzzy", *flags] if how.fuzzy else flags  # first, as msgmerge writes it
+    return None
+
+
+def _problem(entry: polib.POEntry, forms: list[tuple[str, str]], translations: dict[str, str],
+             encoding: str) -> tuple[str, str] | None:
+    """Why these forms cannot go into ``entry``: (reason counted, details for the comment)."""
+    for source, text in forms:
+        found = format_problem(entry.flags, source, text)
+        if found:
+            return found
+        if any(not translations[core].strip() for _, core, _ in lines(source) if core):
+            return "empty translation", "is empty"  # an msgstr "" would read as untranslated
+        if not _encodable(text, encoding):
+            return f"not representable in {encoding}", f"is not representable in {encoding}"
+    return None
+
+
+def _encodable(text: str, encoding: str) -> bool:
+    try:
+        text.encode(encoding)
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def check_writable(output: Path) -> None:
+    """Fail before any translating if ``output`` cannot be written."""
+    if output.is_dir():
+        raise Failure(1, f"{output}: cannot write: is a directory")
+    if not output.parent.is_dir():
+        raise Failure(1, f"{output}: cannot write: no directory {output.parent}")
+    if not os.access(output.parent, os.W_OK):
+        raise Failure(1, f"{output}: cannot write: the directory is not writable")
+
+
+def write_atomically(catalog: polib.POFile, output: Path) -> None:
+    """Write a temporary file beside ``output`` and rename it over: never a half-written catalog."""
+    tmp = output.with_name(f".{output.name}.{os.getpid()}.tmp")
+    try:
+        catalog.save(str(tmp))
+        if output.exists():
+            shutil.copymode(output, tmp)
+        os.replace(tmp, output)
+    except OSError as e:
+        tmp.unlink(missing_ok=True)
+        raise Failure(1, f"{output}: cannot write: {e.strerror or e}") from None

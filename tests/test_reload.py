@@ -1,0 +1,192 @@
+"""Model versions change without a restart: load, warm up, switch, drain; no request fails."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import signal
+import threading
+from pathlib import Path
+
+import grpc
+import pytest
+
+from harness import ServerProcess, ServerThread, config_for, wait_until
+from service.models.manifest import MANIFEST
+from service.proto.nmt.v1 import translation_pb2 as pb
+
+REQUEST = pb.TranslateRequest(texts=["1 2 3 4"])
+
+
+def add_version(source: Path, root: Path, version: str, *, name: str = "reversal", edit=None) -> Path:
+    """Copy ``source`` to ``root/<name>/<version>/`` (its manifest saying so), atomically: the
+    copy is made beside and renamed, as a deployment tool would."""
+    tmp = root / name / f".{version}.tmp"
+    shutil.copytree(source, tmp)
+    raw = json.loads((tmp / MANIFEST).read_text())
+    raw["name"], raw["version"] = name, version
+    if edit:
+        edit(tmp, raw)
+    (tmp / MANIFEST).write_text(json.dumps(raw))
+    return tmp.rename(root / name / version)
+
+
+def rescan(server: ServerThread) -> None:
+    """What SIGHUP does, awaited."""
+    import asyncio
+
+    asyncio.run_coroutine_threadsafe(server.app.models.rescan(), server.loop).result(120)
+
+
+class Load:
+    """Client threads sending requests until stopped; every answer's (model, version) kept."""
+
+    def __init__(self, server: ServerThread, clients: int = 3) -> None:
+        self.answers: list[tuple[str, str]] = []
+        self.by_client: list[list[str]] = [[] for _ in range(clients)]  # versions, in order
+        self.errors: list[grpc.RpcError] = []
+        self._stop = threading.Event()
+        self._threads = [threading.Thread(target=self._run, args=(server, self.by_client[k]))
+                         for k in range(clients)]
+        for t in self._threads:
+            t.start()
+
+    def _run(self, server: ServerThread, versions: list[str]) -> None:
+        with grpc.insecure_channel(server.address) as channel:
+            from service.proto.nmt.v1 import translation_pb2_grpc as pb_grpc
+
+            stub = pb_grpc.TranslatorStub(channel)
+            while not self._stop.is_set():
+                try:
+                    reply = stub.Translate(REQUEST, timeout=60)
+                    self.answers.append((reply.model, reply.model_version))
+                    versions.append(reply.model_version)
+                except grpc.RpcError as e:
+                    self.errors.append(e)
+
+    def stop(self) -> None:
+        self._stop.set()
+        for t in self._threads:
+            t.join(60)
+
+
+@pytest.fixture
+def repo(reversal_repository: Path, tmp_path: Path) -> Path:
+    root = tmp_path / "models"
+    add_version(reversal_repository, root, "1")
+    return root
+
+
+def test_a_new_version_takes_over_under_load_and_the_old_one_is_unloaded(repo: Path,
+                                                                         reversal_repository: Path) -> None:
+    with ServerThread(config_for(repo)) as server:
+        load = Load(server)
+        try:
+            wait_until(lambda: len(load.answers) >= 5, timeout=60, what="answers from version 1")
+            add_version(reversal_repository, repo, "2")
+            rescan(server)
+            wait_until(lambda: all("2" in v for v in load.by_client), timeout=60, what="answers after the switch")
+            shutil.rmtree(repo / "reversal" / "1")  # gone from disk: nothing changes, it is not served
+            rescan(server)
+            after = len(load.answers)
+            wait_until(lambda: len(load.answers) >= after + 5, timeout=60, what="answers after the removal")
+        finally:
+            load.stop()
+        assert load.errors == []
+        assert set(load.answers[:5]) == {("reversal", "1")}
+        # each client: version 1, then from some answer on version 2 only, never back
+        for versions in load.by_client:
+            first_new = versions.index("2")
+            assert set(versions[:first_new]) == {"1"} and set(versions[first_new:]) == {"2"}
+        assert {m for m, _ in load.answers} == {"reversal"}
+        models = server.api.ListModels(pb.ListModelsRequest(), timeout=10).models
+        assert [(m.name, m.version) for m in models] == [("reversal", "2")]
+        assert server.metric("nmt_model_info", name="reversal", version="2") == 1
+        assert "version=\"1\"" not in "".join(line for line in server.scrape().splitlines()
+                                              if line.startswith("nmt_model_info"))
+        health = server.app.health
+        assert health is not None  # health stayed SERVING: the load saw no error at any point
+
+
+def test_a_broken_version_is_refused_while_the_old_one_serves(repo: Path, reversal_repository: Path) -> None:
+    def corrupt(root: Path, raw: dict) -> None:
+        with (root / "decoder_step.onnx").open("ab") as f:
+            f.write(b"\0")
+
+    with ServerThread(config_for(repo)) as server:
+        add_version(reversal_repository, repo, "2", edit=corrupt)
+        add_version(reversal_repository, repo, "3", edit=lambda root, raw: (root / "encoder.onnx").write_bytes(b"x"))
+        add_version(reversal_repository, repo, "4")
+        (repo / "reversal" / "4" / MANIFEST).write_text("{not json")
+        rescan(server)
+        reply = server.api.Translate(REQUEST, timeout=30)
+        assert (reply.model, reply.model_version) == ("reversal", "1")
+        assert server.metric("nmt_model_load_failures_total", name="reversal") == 3
+        rescan(server)  # unchanged directories are not tried (nor logged) again
+        assert server.metric("nmt_model_load_failures_total", name="reversal") == 3
+
+
+def test_half_copied_and_misnamed_versions_are_left_until_complete(repo: Path, reversal_repository: Path,
+                                                                   caplog: pytest.LogCaptureFixture) -> None:
+    with ServerThread(config_for(repo)) as server:
+        partial = repo / "reversal" / "2"
+        partial.mkdir()
+        shutil.copy(reversal_repository / "encoder.onnx", partial)  # no manifest yet
+        (repo / "reversal" / "latest").mkdir()
+        rescan(server)
+        rescan(server)
+        lines = [r.getMessage() for r in caplog.records if r.name == "nmt.app"]
+        assert sum("reversal/2: no manifest.json yet (incomplete)" in line for line in lines) == 1
+        assert sum("must be a number, got 'latest'" in line for line in lines) == 1
+        assert server.api.Translate(REQUEST, timeout=30).model_version == "1"
+        shutil.rmtree(partial)
+        add_version(reversal_repository, repo, "2")
+        rescan(server)
+        assert server.api.Translate(REQUEST, timeout=30).model_version == "2"
+
+
+def test_of_two_new_versions_the_newest_is_taken(repo: Path, reversal_repository: Path,
+                                                 caplog: pytest.LogCaptureFixture) -> None:
+    with ServerThread(config_for(repo)) as server:
+        add_version(reversal_repository, repo, "3")
+        add_version(reversal_repository, repo, "2")
+        rescan(server)
+        assert server.api.Translate(REQUEST, timeout=30).model_version == "3"
+        assert [(m.name, m.version) for m in server.api.ListModels(pb.ListModelsRequest(), timeout=10).models] == [
+            ("reversal", "3")]
+        assert not any("serving reversal/2" in r.getMessage() for r in caplog.records)
+
+
+def test_all_versions_can_be_pinned(repo: Path, reversal_repository: Path) -> None:
+    add_version(reversal_repository, repo, "2")
+    with ServerThread(config_for(repo, "--model-versions", "all")) as server:
+        api = server.api
+        assert api.Translate(REQUEST, timeout=30).model_version == "2"  # newest for the bare name
+        pinned = pb.TranslateRequest(texts=["1 2"], model="reversal/1")
+        assert api.Translate(pinned, timeout=30).model_version == "1"
+        shutil.rmtree(repo / "reversal" / "1")
+        rescan(server)
+        with pytest.raises(grpc.RpcError) as e:
+            api.Translate(pinned, timeout=30)
+        assert e.value.code() == grpc.StatusCode.NOT_FOUND and "got 'reversal/1'" in e.value.details()
+
+
+def test_poll_and_sighup_rescan(repo: Path, reversal_repository: Path, tmp_path: Path) -> None:
+    server = ServerProcess(repo, tmp_path / "server.log", "--model-control", "none", "--max-wait-ms", "5")
+    try:
+        add_version(reversal_repository, repo, "2")
+        server.proc.send_signal(signal.SIGHUP)
+        wait_until(lambda: server.api.Translate(REQUEST, timeout=30).model_version == "2", timeout=120,
+                   what="version 2 after SIGHUP", process=server)
+        assert server.stop() == 0
+        log = server.log_text()
+        assert "serving reversal/2" in log and "unloaded reversal/1" in log
+    finally:
+        server.kill()
+    poller = ServerProcess(repo, tmp_path / "poll.log", "--model-control", "poll", "--poll-seconds", "0.5")
+    try:
+        add_version(reversal_repository, repo, "3")
+        wait_until(lambda: poller.api.Translate(REQUEST, timeout=30).model_version == "3", timeout=120,
+                   what="version 3 by polling", process=poller)
+    finally:
+        poller.stop()
