@@ -2,7 +2,7 @@
 # No torch, no export/: the wheel is built from service/ alone.
 #
 #   docker build -t nmt-serve .                                   # CPU (make image)
-#   docker run --rm --read-only -p 50051:50051 -p 9464:9464 nmt-serve
+#   docker run --rm --read-only -p 50051:50051 -p 9464:9464 -p 8080:8080 nmt-serve   # page: http://localhost:8080/
 #   docker run --rm -e NMT_PRECISION=int8 -e NMT_MAX_ROWS=64 ... nmt-serve
 #
 # Configuration: NMT_* environment variables, one per `nmt serve` flag
@@ -48,6 +48,7 @@ RUN pip install --no-cache-dir . \
     fi \
  && python -I -c "import importlib.util as u, sys; sys.exit(any(u.find_spec(m) for m in ('torch', 'export')))" \
  && python -I -c "import service.api.grpc_server, onnxruntime; print('onnxruntime', onnxruntime.__version__)" \
+ && python -I -c "from service.api.http_server import WEB; assert (WEB / 'index.html').is_file(), WEB" \
  && pip uninstall -y pip setuptools
 # Exported model directories can be mode 0700: make them readable by the
 # non-root user here, so the runtime stage copies them in one layer.
@@ -80,11 +81,12 @@ ENV PATH=/opt/venv/bin:$PATH \
     NMT_MODEL_REPOSITORY=/opt/nmt/model \
     NMT_HOST=0.0.0.0 \
     NMT_PORT=50051 \
-    NMT_METRICS_PORT=9464
+    NMT_METRICS_PORT=9464 \
+    NMT_HTTP_PORT=8080
 WORKDIR /opt/nmt
 # Numeric, so Kubernetes' runAsNonRoot can check it.
 USER 10001:10001
-EXPOSE 50051 9464
+EXPOSE 50051 9464 8080
 # The server drains on SIGTERM: NOT_SERVING, refuse new calls, finish in-flight
 # ones within NMT_GRACE_PERIOD seconds, exit 0. Give `docker stop -t` more than that.
 STOPSIGNAL SIGTERM

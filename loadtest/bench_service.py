@@ -19,6 +19,11 @@ What it measures, in this order (one process at a time on the CPU):
    load against ``--batching step`` and then ``--batching request``: the
    latency of the short requests shows what step-level batching buys.
 
+4. HTTP/JSON against gRPC on the same server, in the same run: idle latency of one short
+   text (median, the two protocols alternating text by text) and saturated throughput
+   (closed loop at the highest concurrency, ``--rounds`` paired rounds). ``--protocols-only``
+   runs just this (into ``loadtest/results/bench_protocols.*``).
+
 Writes ``loadtest/results/bench_service.json`` and ``.md`` (and each server's log,
 ``bench_service_<batching>_server.log``, beside them).
 """
@@ -36,6 +41,7 @@ import sys
 import time
 from pathlib import Path
 
+import aiohttp
 import grpc
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -180,6 +186,104 @@ async def open_loop(address: str, short: list[str], long: list[str], *, rate: fl
             "long": {"n": len(latencies["long"]), **percentiles(latencies["long"])}}
 
 
+# ---- HTTP/JSON against gRPC (service/api/http_server.py): the same server, the same run ------
+
+async def idle_both(address: str, url: str, texts: list[str]) -> dict:
+    """Median latency of one short text over gRPC and over HTTP, alternating text by text."""
+    latencies: dict[str, list[float]] = {"grpc": [], "http": []}
+    async with grpc.aio.insecure_channel(address) as channel, aiohttp.ClientSession(url) as session:
+        stub = pb_grpc.TranslatorStub(channel)
+
+        async def grpc_call(text: str) -> None:
+            await stub.Translate(pb.TranslateRequest(texts=[text]), timeout=60)
+
+        async def http_call(text: str) -> None:
+            async with session.post("/v1/translate", json={"texts": [text]}) as reply:
+                reply.raise_for_status()
+                await reply.read()
+        calls = {"grpc": grpc_call, "http": http_call}
+        for name, call in calls.items():  # warm-up
+            await call(texts[0])
+        for text in texts:
+            for name, call in calls.items():
+                start = time.perf_counter()
+                await call(text)
+                latencies[name].append(time.perf_counter() - start)
+    return {f"{name}_ms": statistics.median(values) * 1000 for name, values in latencies.items()}
+
+
+async def http_closed_loop(url: str, texts: list[str], *, concurrency: int, duration: float) -> dict:
+    """``closed_loop`` over HTTP/JSON (``POST /v1/translate``), one connection per client."""
+    latencies: list[float] = []
+    errors = 0
+    connector = aiohttp.TCPConnector(limit=concurrency)
+    async with aiohttp.ClientSession(url, connector=connector) as session:
+        stop_at = time.perf_counter() + duration
+
+        async def client(seed: int) -> None:
+            nonlocal errors
+            rng = random.Random(seed)
+            while time.perf_counter() < stop_at:
+                start = time.perf_counter()
+                async with session.post("/v1/translate", json={"texts": [rng.choice(texts)]}) as reply:
+                    await reply.read()
+                    if reply.status == 200:
+                        latencies.append(time.perf_counter() - start)
+                    else:
+                        errors += 1
+        begin = time.perf_counter()
+        await asyncio.gather(*(client(i) for i in range(concurrency)))
+        elapsed = time.perf_counter() - begin
+    return {"concurrency": concurrency, "requests": len(latencies), "errors": errors,
+            "texts_per_s": len(latencies) / elapsed, **percentiles(latencies)}
+
+
+def compare_protocols(args: argparse.Namespace, server: ServerProcess, short: list[str],
+                      texts: list[str]) -> dict:
+    """HTTP against gRPC: idle latency, then paired saturation rounds (gRPC, HTTP, ...)."""
+    idle = asyncio.run(idle_both(server.address, server.http_url, short[:50]))
+    top, rounds = max(args.concurrency), []
+    asyncio.run(http_closed_loop(server.http_url, texts, concurrency=top, duration=1))  # warm-up
+    for i in range(args.rounds):  # who goes first alternates: drift hits both sides alike
+        run_grpc = lambda: asyncio.run(closed_loop(server.address, texts, concurrency=top,  # noqa: E731
+                                                   duration=args.duration))
+        run_http = lambda: asyncio.run(http_closed_loop(server.http_url, texts,  # noqa: E731
+                                                        concurrency=top, duration=args.duration))
+        if i % 2 == 0:
+            g, h = run_grpc(), run_http()
+        else:
+            h, g = run_http(), run_grpc()
+        rounds.append({"grpc": g, "http": h, "ratio": h["texts_per_s"] / g["texts_per_s"]})
+    return {"idle": idle, "idle_ratio": idle["http_ms"] / idle["grpc_ms"], "concurrency": top,
+            "saturation": rounds, "saturation_ratio": statistics.median(x["ratio"] for x in rounds)}
+
+
+def protocols_markdown(c: dict) -> list[str]:
+    idle = c["idle"]
+    lines = ["", "HTTP/JSON against gRPC, the same server and run (idle: one short text at a time, "
+             f"median, alternating; saturated: closed loop at {c['concurrency']} clients, paired rounds):", "",
+             "| | gRPC | HTTP | HTTP / gRPC |", "|---|---:|---:|---:|",
+             f"| idle latency ms | {idle['grpc_ms']:.1f} | {idle['http_ms']:.1f} | {c['idle_ratio']:.2f} |"]
+    lines += [f"| round {i + 1} texts/s | {x['grpc']['texts_per_s']:.0f} | {x['http']['texts_per_s']:.0f} | "
+              f"{x['ratio']:.2f} |" for i, x in enumerate(c["saturation"])]
+    lines += ["", f"HTTP / gRPC: idle latency {c['idle_ratio']:.2f} (target <= 1.5), saturated throughput "
+              f"{c['saturation_ratio']:.2f} (median of the rounds; target >= 0.8).", ""]
+    return lines
+
+
+def run_protocols(args: argparse.Namespace) -> dict:
+    """``--protocols-only``: the step-level server, HTTP against gRPC, nothing else."""
+    texts = load_texts(args)
+    short, _ = mixed_texts(texts, args.long_factor)
+    server = start_server(args, "step")
+    try:
+        return {"model_repository": args.model_repository, "precision": args.precision,
+                "machine": f"{platform.machine()}, {os.cpu_count()} CPUs", "duration_s": args.duration,
+                "protocols": compare_protocols(args, server, short, texts)}
+    finally:
+        server.stop()
+
+
 def mixed_texts(texts: list[str], factor: int) -> tuple[list[str], list[str]]:
     by_length = sorted(texts, key=len)
     short = by_length[: len(by_length) // 2]
@@ -222,6 +326,7 @@ def run(args: argparse.Namespace) -> dict:
         rate = args.mixed_load * capacity
         result["mixed"] = {"capacity_per_s": capacity, "step": asyncio.run(
             open_loop(server.address, short, long, rate=rate, duration=args.duration * 2))}
+        result["protocols"] = compare_protocols(args, server, short, texts)
     finally:
         server.stop()
     server = start_server(args, "request")
@@ -267,6 +372,8 @@ def markdown(r: dict) -> str:
                      f"{x['short']['p99_ms']:.1f} | {x['long']['p50_ms']:.1f} | {x['long']['p99_ms']:.1f} |")
     ratio = m["step"]["short"]["p99_ms"] / m["request"]["short"]["p99_ms"]
     lines += ["", f"Short-request p99, step-level / request-level: {ratio:.2f}.", ""]
+    if "protocols" in r:
+        lines += protocols_markdown(r["protocols"])
     return "\n".join(lines)
 
 
@@ -287,17 +394,25 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--long-factor", type=int, default=4, help="texts joined into one long text")
     p.add_argument("--mixed-load", type=float, default=0.6, help="offered load / measured capacity")
     p.add_argument("--quick", action="store_true", help="2 s measurements (a smoke run)")
-    p.add_argument("--out", type=Path, default=ROOT / "loadtest" / "results" / "bench_service")
+    p.add_argument("--protocols-only", action="store_true",
+                   help="only HTTP against gRPC (into loadtest/results/bench_protocols.*)")
+    p.add_argument("--out", type=Path, default=None)
     args = p.parse_args(argv)
+    if args.out is None:
+        args.out = ROOT / "loadtest" / "results" / ("bench_protocols" if args.protocols_only else "bench_service")
     if not args.digits and not args.texts:
         p.error("give --texts FILE or --digits")
     if args.quick:
         args.duration = 2.0
-    result = run(args)
+    result = run_protocols(args) if args.protocols_only else run(args)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.with_suffix(".json").write_text(json.dumps(result, indent=1) + "\n")
-    args.out.with_suffix(".md").write_text(markdown(result))
-    print(markdown(result))
+    text = markdown(result) if not args.protocols_only else "\n".join(
+        [f"# HTTP/JSON against gRPC ({result['model_repository']}, {result['precision']}, "
+         f"{result['machine']}, {result['duration_s']:.0f} s per measurement)"]
+        + protocols_markdown(result["protocols"]))
+    args.out.with_suffix(".md").write_text(text)
+    print(text)
     return 0
 
 

@@ -1,6 +1,9 @@
-"""Locust load test for ``nmt serve`` over gRPC.
+"""Locust load test for ``nmt serve`` over gRPC (``TranslatorUser``) and HTTP/JSON
+(``HttpTranslatorUser``, the same task mix).
 
     locust -f loadtest/locustfile.py --headless -u 8 -r 4 -t 60s --host 127.0.0.1:50051
+    NMT_LOCUST_PROTOCOL=http locust -f loadtest/locustfile.py --headless -u 8 -t 60s \
+        --host http://127.0.0.1:8080
     make loadtest                       # starts a server, runs this headless, writes reports
 
 A realistic mix of software messages: short and long texts (from a corpus
@@ -14,10 +17,12 @@ reports cover gRPC like HTTP. Configuration (environment variables):
   (a weight of 0 turns a task off)
 - ``NMT_LOCUST_BEAM`` (4), ``NMT_LOCUST_NBEST`` (3), ``NMT_LOCUST_BATCH_TEXTS`` (8)
 - ``NMT_LOCUST_WAIT``: think time per user in seconds, ``min,max`` (``0,0``: closed loop)
-- ``NMT_LOCUST_TIMEOUT``: gRPC deadline per call in seconds (30)
+- ``NMT_LOCUST_TIMEOUT``: gRPC deadline (HTTP: ``X-Request-Timeout``) per call in seconds (30)
 - TLS and tokens, as ``nmt translate`` reads them: ``NMT_CLIENT_TLS_CA_FILE`` (set: TLS),
   ``NMT_CLIENT_TLS_CERT_FILE`` and ``NMT_CLIENT_TLS_KEY_FILE`` (mTLS),
   ``NMT_CLIENT_TLS_SERVER_NAME``, ``NMT_CLIENT_TOKEN_FILE`` (``authorization: Bearer``)
+- ``NMT_LOCUST_PROTOCOL``: ``grpc`` (default), ``http`` or ``grpc,http`` (both user classes;
+  then ``NMT_LOCUST_HTTP_HOST``, default ``http://127.0.0.1:8080``, is the HTTP users' host)
 - targets, checked when the run ends (a miss makes Locust exit 1):
   ``NMT_LOCUST_MAX_FAIL_RATIO`` (0), ``NMT_LOCUST_MAX_P99_MS`` (unset = not checked)
 """
@@ -38,7 +43,8 @@ from typing import Any, Callable, Iterator  # noqa: E402
 
 import gevent  # noqa: E402
 import grpc  # noqa: E402
-from locust import User, between, events  # noqa: E402
+from google.protobuf import json_format  # noqa: E402
+from locust import HttpUser, User, between, events  # noqa: E402
 from locust.env import Environment  # noqa: E402
 
 from service.clients.translate import auth_metadata, client_env, open_channel  # noqa: E402
@@ -46,6 +52,7 @@ from service.proto.nmt.v1 import translation_pb2 as pb  # noqa: E402
 from service.proto.nmt.v1 import translation_pb2_grpc as pb_grpc  # noqa: E402
 
 REQUEST_TYPE = "grpc"
+PROTOCOLS = {p.strip() for p in os.environ.get("NMT_LOCUST_PROTOCOL", "grpc").split(",")}
 LONG_CHARS = 60  # texts longer than this count as long (the split's median is ~35)
 MAX_CHARS = 600  # keeps texts well under the server's 200-piece source limit
 MIN_LONG_TEXTS = 10  # fewer long texts in the split: make some by joining short ones
@@ -146,6 +153,7 @@ class LocustInterceptor(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamClient
 class TranslatorUser(User):
     """One client with its own channel, sending a weighted mix of requests."""
 
+    abstract = "grpc" not in PROTOCOLS
     host = "127.0.0.1:50051"
     wait_time = between(*(float(x) for x in os.environ.get("NMT_LOCUST_WAIT", "0,0.2").split(",")))
     short_texts, long_texts = load_texts(os.environ.get("NMT_LOCUST_TEXTS"))
@@ -240,3 +248,51 @@ def check_targets(environment: Environment, **_: Any) -> None:
     if missed:
         print("targets missed: " + "; ".join(missed))
         environment.process_exit_code = 1
+
+
+class HttpTranslatorUser(HttpUser):
+    """The same mix over the HTTP/JSON API (``service/api/http_server.py``); Locust's own HTTP
+    statistics, one row per endpoint and task."""
+
+    abstract = "http" not in PROTOCOLS
+    host = os.environ.get("NMT_LOCUST_HTTP_HOST", "http://127.0.0.1:8080")
+    wait_time = TranslatorUser.wait_time
+    short_texts, long_texts = TranslatorUser.short_texts, TranslatorUser.long_texts
+    beam, nbest, batch_texts, timeout = (TranslatorUser.beam, TranslatorUser.nbest,
+                                         TranslatorUser.batch_texts, TranslatorUser.timeout)
+
+    def __init__(self, environment: Environment) -> None:
+        super().__init__(environment)
+        if "grpc" in PROTOCOLS:  # --host is the gRPC users' address then
+            self.client.base_url = os.environ.get("NMT_LOCUST_HTTP_HOST", "http://127.0.0.1:8080")
+        self.headers = {"X-Request-Timeout": str(self.timeout),
+                        **dict(auth_metadata(os.environ.get(client_env("--token-file"), "")) or ())}
+        ca_file = os.environ.get(client_env("--tls-ca-file"))
+        if ca_file:  # https:// in NMT_LOCUST_HTTP_HOST; the same CA as the gRPC users'
+            self.client.verify = ca_file
+
+    def translate(self, label: str, texts: list[str], **options: Any) -> pb.TranslateResponse:
+        with self.client.post("/v1/translate", json={"texts": texts, "options": options},
+                              name=f"Translate {label}", headers=self.headers, timeout=self.timeout,
+                              catch_response=True) as reply:
+            if reply.status_code != 200:
+                reply.failure(f"{reply.status_code}: {reply.text[:200]}")
+                return pb.TranslateResponse()
+            answer = json_format.ParseDict(reply.json(), pb.TranslateResponse())
+            if len(answer.translations) != len(texts):
+                reply.failure(f"{len(texts)} texts, {len(answer.translations)} translations")
+            return answer
+
+    def streamed(self) -> None:
+        with self.client.post("/v1/translate:stream", json={"texts": [random.choice(self.long_texts)]},
+                              name="TranslateStream long", headers=self.headers, timeout=self.timeout,
+                              catch_response=True) as reply:  # timed to the stream's end
+            events = [line for line in reply.iter_lines(decode_unicode=True) if line.startswith("event: ")]
+            if reply.status_code != 200 or not events or events[-1] != "event: final":
+                reply.failure(f"{reply.status_code}: stream ended with {events[-1:] or 'nothing'}")
+
+    # the gRPC user's weighted task list (Locust expanded its weights), its stream task ours
+    tasks = []
+    for _task in TranslatorUser.tasks:
+        tasks.append(streamed if _task.__name__ == "streamed" else _task)
+    del _task

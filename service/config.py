@@ -73,6 +73,7 @@ class ServeConfig:
     poll_seconds: float = 30.0
     model_versions: str = "latest"  # "latest": one version per name served; "all": every version
     security: SecurityConfig = SecurityConfig()  # TLS, mTLS, tokens, reflection
+    http_port: int = 0  # HTTP/JSON API and web page (service.api.http_server); 0 = off
 
 
 class ConfigError(ValueError):
@@ -174,6 +175,8 @@ FLAGS: list[tuple[str, Callable[[str], object], object, str]] = [
     ("--auth-token-file", _text, "", "bearer tokens, one per line (# comments); set: every nmt.v1 "
      "RPC and reflection need 'authorization: Bearer <token>' (health does not); re-read on change"),
     ("--reflection", _choice("on", "off"), "on", "gRPC server reflection"),
+    # HTTP/JSON beside gRPC (service.api.http_server); its body limit is --max-message-bytes
+    ("--http-port", _port, 8080, "HTTP/JSON API and web page port (0 = off)"),
 ]
 
 
@@ -227,7 +230,7 @@ def parse(argv: list[str], env: Mapping[str, str] | None = None) -> ServeConfig:
         max_connection_age=args.max_connection_age,
         log_level=args.log_level, model_control=args.model_control,
         poll_seconds=max(args.poll_seconds, 0.1), model_versions=args.model_versions,
-        security=security(args))
+        security=security(args), http_port=args.http_port)
 
 
 def _path(text: str) -> Path | None:

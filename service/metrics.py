@@ -42,10 +42,12 @@ class Metrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry if registry is not None else CollectorRegistry()
         r = self.registry
-        self.requests = Counter("nmt_requests_total", "RPCs answered, by method and gRPC status code",
-                                ["method", "code"], registry=r)
+        # protocol: "grpc" or "http" (service.api.http_server; its codes are the gRPC code names)
+        self.requests = Counter("nmt_requests_total", "RPCs answered, by method, gRPC status code "
+                                "and protocol", ["method", "code", "protocol"], registry=r)
         self.request_duration = Histogram("nmt_request_duration_seconds",
-                                          "End-to-end RPC latency, by method", ["method"],
+                                          "End-to-end RPC latency, by method and protocol",
+                                          ["method", "protocol"],
                                           buckets=REQUEST_SECONDS, registry=r)
         self.queue_wait = Histogram("nmt_queue_wait_seconds", "Time a text waited before encoding",
                                     buckets=QUEUE_SECONDS, registry=r)

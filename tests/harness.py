@@ -21,6 +21,8 @@ in-process server is made: ``loadtest/run_locust.py`` uses ``ServerProcess`` alo
 from __future__ import annotations
 
 import asyncio
+import http.client
+import json
 import os
 import signal
 import socket
@@ -29,8 +31,9 @@ import sys
 import threading
 import time
 import urllib.request
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -93,6 +96,45 @@ def scrape(metrics_port: int, timeout: float = 10) -> str:
     return urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=timeout).read().decode()
 
 
+@dataclass
+class HttpAnswer:
+    """An HTTP answer: status, headers (names in lower case), body; ``json()`` parses it."""
+
+    status: int
+    headers: dict[str, str]
+    body: bytes
+
+    def json(self) -> Any:
+        return json.loads(self.body)
+
+
+def http_request(port: int, method: str, path: str, body: object = None,
+                 headers: dict[str, str] | None = None, timeout: float = 60) -> HttpAnswer:
+    """One request to 127.0.0.1:``port``: ``body`` bytes as given, anything else as JSON
+    (``Content-Type: application/json`` unless ``headers`` say otherwise)."""
+    headers = dict(headers or {})
+    if body is not None and not isinstance(body, bytes):
+        body = json.dumps(body).encode()
+        headers.setdefault("Content-Type", "application/json")
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+    try:
+        conn.request(method, path, body=body, headers=headers)
+        reply = conn.getresponse()
+        return HttpAnswer(reply.status, {k.lower(): v for k, v in reply.getheaders()}, reply.read())
+    finally:
+        conn.close()
+
+
+def sse_events(body: bytes) -> list[tuple[str, Any]]:
+    """(event, parsed data) of a server-sent event stream, in order."""
+    events = []
+    for block in body.decode().split("\n\n"):
+        fields = dict(line.split(": ", 1) for line in block.splitlines() if ": " in line)
+        if "event" in fields:
+            events.append((fields["event"], json.loads(fields["data"])))
+    return events
+
+
 def is_serving(channel: grpc.Channel, service: str = "") -> bool:
     """Health says SERVING (False while it cannot be reached)."""
     try:
@@ -104,11 +146,12 @@ def is_serving(channel: grpc.Channel, service: str = "") -> bool:
 
 
 def config_for(repository: Path, *extra: str):
-    """The tests' server configuration: loopback, port 0, small limits; ``extra`` flags win."""
+    """The tests' server configuration: loopback, port 0 (HTTP: a free port; 0 is off), small
+    limits; ``extra`` flags win."""
     from service.config import parse
 
     return parse(["--model-repository", str(repository), "--host", "127.0.0.1", "--port", "0",
-                  "--metrics-port", "0", "--max-texts", "8", "--max-beam", "4",
+                  "--metrics-port", "0", "--http-port", str(free_port()), "--max-texts", "8", "--max-beam", "4",
                   "--max-message-bytes", "65536", "--max-wait-ms", "5", *extra], env={})
 
 
@@ -133,6 +176,16 @@ class _Client:
 
     def scrape(self, timeout: float = 10) -> str:
         return scrape(self.metrics_port, timeout)
+
+    @property
+    def http_url(self) -> str:
+        """The HTTP/JSON API's base URL (``service.api.http_server``)."""
+        return f"http://127.0.0.1:{self.http_port}"
+
+    def http(self, method: str, path: str, body: object = None, headers: dict[str, str] | None = None,
+             timeout: float = 60) -> HttpAnswer:
+        """One HTTP request to this server (``http_request``)."""
+        return http_request(self.http_port, method, path, body, headers, timeout)
 
     def _close_channel(self) -> None:
         if self._channel is not None:
@@ -188,6 +241,10 @@ class ServerThread(_Client):
     def metrics_port(self) -> int:
         return self.app.metrics_port
 
+    @property
+    def http_port(self) -> int:
+        return self.app.http.port
+
     def stop(self, grace: float = 0.0, *, wait: bool = True) -> None:
         self.grace = grace
         self.loop.call_soon_threadsafe(self._stop.set)
@@ -215,12 +272,12 @@ class ServerProcess(_Client):
 
     def __init__(self, repository: Path | str, log: Path, *args: str, env: dict[str, str] | None = None,
                  startup_timeout: float = 300, cwd: Path = ROOT) -> None:
-        self.port, self.metrics_port = free_port(), free_port()
+        self.port, self.metrics_port, self.http_port = free_port(), free_port(), free_port()
         self.address = f"127.0.0.1:{self.port}"
         self.log = log
         self.command = [sys.executable, "-m", "service.cli", "serve", "--model-repository", str(repository),
                         "--host", "127.0.0.1", "--port", str(self.port),
-                        "--metrics-port", str(self.metrics_port), *args]
+                        "--metrics-port", str(self.metrics_port), "--http-port", str(self.http_port), *args]
         with log.open("w") as out:
             self.proc = subprocess.Popen(self.command, cwd=cwd, stdout=out, stderr=subprocess.STDOUT,
                                          env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})})

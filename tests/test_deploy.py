@@ -69,7 +69,7 @@ def test_dockerfile_serves_as_a_non_root_user_with_health_ports_and_drain() -> N
     user = re.findall(r"^USER (\d+)", text, re.M)
     assert user and int(user[-1]) != 0
     assert re.search(r"^STOPSIGNAL SIGTERM$", text, re.M)
-    assert re.search(r"^EXPOSE 50051 9464$", text, re.M)
+    assert re.search(r"^EXPOSE 50051 9464 8080$", text, re.M)  # gRPC, metrics, HTTP/JSON and the page
     assert re.search(r"^HEALTHCHECK .*\n\s+CMD \[\"python\", \"/opt/nmt/healthcheck.py\"\]", text, re.M)
     copied = re.findall(r"^COPY (?!--from)(.+) \S+$", text, re.M)
     assert " ".join(copied).split() == ["pyproject.toml", "README.md*", "service/",

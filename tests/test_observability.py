@@ -116,7 +116,7 @@ def drive_load(server: Server, seconds: float) -> None:
 def test_promtool_accepts_the_scraped_metrics(server: Server) -> None:
     drive_load(server, 1.0)  # labelled families (method, code) appear once used
     text = server.scrape()
-    assert 'nmt_requests_total{code="INVALID_ARGUMENT",method="Translate"}' in text
+    assert 'nmt_requests_total{code="INVALID_ARGUMENT",method="Translate",protocol="grpc"}' in text
     out = subprocess.run(["promtool", "check", "metrics"], input=text, capture_output=True, text=True,
                          timeout=60)
     assert out.returncode == 0, out.stdout + out.stderr

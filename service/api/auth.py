@@ -197,5 +197,6 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
         if reason is None:
             return handler
         self.failures.labels(reason).inc()
-        self.requests.labels(details.method.rsplit("/", 1)[-1], "UNAUTHENTICATED").inc()
+        self.requests.labels(method=details.method.rsplit("/", 1)[-1], code="UNAUTHENTICATED",
+                             protocol="grpc").inc()
         return _deny(handler)

@@ -49,6 +49,17 @@ GRPC_CODES: dict[ErrorKind, grpc.StatusCode] = {
 }
 """The one mapping from error kinds to gRPC status codes."""
 
+HTTP_STATUS: dict[grpc.StatusCode, int] = {
+    grpc.StatusCode.OK: 200, grpc.StatusCode.INVALID_ARGUMENT: 400,
+    grpc.StatusCode.UNAUTHENTICATED: 401, grpc.StatusCode.PERMISSION_DENIED: 403,
+    grpc.StatusCode.NOT_FOUND: 404, grpc.StatusCode.RESOURCE_EXHAUSTED: 429,
+    grpc.StatusCode.CANCELLED: 499, grpc.StatusCode.INTERNAL: 500,
+    grpc.StatusCode.UNIMPLEMENTED: 501, grpc.StatusCode.UNAVAILABLE: 503,
+    grpc.StatusCode.DEADLINE_EXCEEDED: 504,
+}
+"""HTTP status of each gRPC code (grpc-gateway's); the HTTP API derives an error kind's status
+as ``HTTP_STATUS[GRPC_CODES[kind]]``, so a new kind needs only its gRPC code."""
+
 WARMUP_TEXT = "Hello world"
 MAX_PENDING_REQUESTS = 20_000
 """Calls gRPC core may hold before the servicer takes them (``grpc.server.max_pending_requests``
@@ -94,6 +105,27 @@ class App:
                      else self.server.add_insecure_port(address))
         self.metrics_server: MetricsServer | None = None
         self._tasks: set[asyncio.Task] = set()  # the poller and SIGHUP rescans
+        self.serving = False  # health SERVING: the HTTP API's /readyz
+        # HTTP/JSON beside gRPC (--http-port; 0 = off), with the same TLS files and tokens.
+        # Imported here: http_server imports this module.
+        from service.api.http_server import HttpServer, authorizer, tls_context
+        self.http = HttpServer(self, authorize=authorizer(interceptors[0] if interceptors else None))
+        self.http_tls = tls_context(security)
+
+    def prepare(self, request: pb.TranslateRequest) -> tuple[Model, list[Prepared]]:
+        """Validate the whole request (once, here, for gRPC and HTTP), then tokenize its texts."""
+        options = validate_request(request.texts, convert.options(request.options), self.config.limits)
+        for i, text in enumerate(request.texts):
+            placeholders.check_count(text, f"texts[{i}]")
+        model = self.models.get(request.model)
+        refuse_if_full(model.scheduler, len(request.texts) * options.beam_size)
+        return model, [model.engine.prepare(text, options, i) for i, text in enumerate(request.texts)]
+
+    def list_models(self) -> pb.ListModelsResponse:
+        cfg = self.config
+        return pb.ListModelsResponse(models=[
+            convert.model_info(m.manifest, precision=m.engine.precision, provider=cfg.provider,
+                               is_default=i == 0) for i, m in enumerate(self.models.all)])
 
     def rescan(self) -> None:
         """Look at the model repository again, in the background (SIGHUP)."""
@@ -113,9 +145,12 @@ class App:
         self.metrics_server = self.metrics.serve(host=self.config.metrics_host,
                                                  port=self.config.metrics_port)
         await self.server.start()
+        await self.http.start(self.config.host, self.config.http_port,
+                              ssl_context=self.http_tls)
         warmup_ms = await self.models.warm_up() * 1000
         for service in ("", SERVICE_NAME):
             await self.health.set(service, health_pb2.HealthCheckResponse.SERVING)
+        self.serving = True
         if self.config.model_control == "poll":
             poller = asyncio.get_running_loop().create_task(self.models.poll(self.config.poll_seconds))
             self._tasks.add(poller)
@@ -125,19 +160,21 @@ class App:
         access = ("mTLS" if sec.tls_client_ca_file else "TLS" if sec.tls else "plaintext") + (
             ", tokens" if sec.auth_token_file else ", no tokens")
         log.info("serving %s on %s:%d (%s; metrics %s:%d/metrics) on %s, %s-level batching "
-                 "(max_rows=%d max_tokens=%d max_wait=%.1fms max_queued_work=%d), warm-up %.0f ms",
+                 "(max_rows=%d max_tokens=%d max_wait=%.1fms max_queued_work=%d), warm-up %.0f ms, "
+                 "HTTP :%d",
                  ", ".join(f"{m.ref} ({m.engine.precision})" for m in self.models.all), self.config.host,
                  self.port, access, self.config.metrics_host, self.metrics_port, self.config.provider,
                  "step" if sc.step_level else "request", sc.max_rows, sc.max_tokens,
-                 sc.max_wait * 1000, sc.max_queued_work, warmup_ms)
+                 sc.max_wait * 1000, sc.max_queued_work, warmup_ms, self.http.port)
 
     async def stop(self, grace: float) -> None:
         """NOT_SERVING, refuse new calls, let in-flight ones finish within ``grace`` seconds."""
+        self.serving = False
         await self.health.enter_graceful_shutdown()
         for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
-        await self.server.stop(grace)
+        await asyncio.gather(self.server.stop(grace), self.http.stop(grace))
         await self.models.close()
         if self.metrics_server is not None:
             self.metrics_server.close()
@@ -152,14 +189,14 @@ class TranslatorServicer(pb_grpc.TranslatorServicer):
     async def Translate(self, request: pb.TranslateRequest, context: grpc.aio.ServicerContext
                         ) -> pb.TranslateResponse:
         async with self._rpc("Translate", request, context):
-            model, prepared = self._prepare(request)
+            model, prepared = self.app.prepare(request)
             translations = await model.scheduler.translate(prepared, timeout=context.time_remaining())
             return convert.response(translations, model.manifest)
 
     async def TranslateStream(self, request: pb.TranslateRequest, context: grpc.aio.ServicerContext
                               ) -> AsyncIterator[pb.TranslateResponse]:
         async with self._rpc("TranslateStream", request, context):
-            model, prepared = self._prepare(request)
+            model, prepared = self.app.prepare(request)
             events = model.scheduler.stream(prepared, timeout=context.time_remaining())
             try:
                 async for event in events:
@@ -173,19 +210,7 @@ class TranslatorServicer(pb_grpc.TranslatorServicer):
     async def ListModels(self, request: pb.ListModelsRequest, context: grpc.aio.ServicerContext
                          ) -> pb.ListModelsResponse:
         async with self._rpc("ListModels", request, context):
-            cfg = self.app.config
-            return pb.ListModelsResponse(models=[
-                convert.model_info(m.manifest, precision=m.engine.precision, provider=cfg.provider,
-                                   is_default=i == 0) for i, m in enumerate(self.app.models.all)])
-
-    def _prepare(self, request: pb.TranslateRequest) -> tuple[Model, list[Prepared]]:
-        """Validate the whole request (once, here), then tokenize its texts."""
-        options = validate_request(request.texts, convert.options(request.options), self.app.config.limits)
-        for i, text in enumerate(request.texts):
-            placeholders.check_count(text, f"texts[{i}]")
-        model = self.app.models.get(request.model)
-        refuse_if_full(model.scheduler, len(request.texts) * options.beam_size)
-        return model, [model.engine.prepare(text, options, i) for i, text in enumerate(request.texts)]
+            return self.app.list_models()
 
     @asynccontextmanager
     async def _rpc(self, method: str, request: object, context: grpc.aio.ServicerContext
@@ -193,7 +218,7 @@ class TranslatorServicer(pb_grpc.TranslatorServicer):
         """Time the call, count it by status code, map NmtError to its gRPC code, log it."""
         metrics, code, started = self.app.metrics, grpc.StatusCode.OK, time.perf_counter()
         try:
-            with metrics.request_duration.labels(method).time():
+            with metrics.request_duration.labels(method=method, protocol="grpc").time():
                 if isinstance(request, Undecodable):
                     log.warning("%s: undecodable request from %s: %s", method, context.peer(),
                                 request.reason)
@@ -220,7 +245,7 @@ class TranslatorServicer(pb_grpc.TranslatorServicer):
             log.exception("%s failed", method)
             await context.abort(code, f"internal error: {type(e).__name__}: {e}")
         finally:
-            metrics.requests.labels(method, code.name).inc()
+            metrics.requests.labels(method=method, code=code.name, protocol="grpc").inc()
             if log.isEnabledFor(logging.DEBUG):
                 log.debug("%s peer=%s texts=%d code=%s %.1f ms", method, context.peer(),
                           len(getattr(request, "texts", ())), code.name,

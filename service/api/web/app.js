@@ -1,0 +1,172 @@
+// nmt-serve's page: translate through the HTTP/JSON API (server-sent events for the partial
+// results) and draw the chosen hypothesis' attention as an SVG heatmap. Plain JS, no build step.
+"use strict";
+
+// Mirrors service/text/placeholders.py (_PATTERN; tests/test_web.py checks them against each other):
+// the server puts ｟k｠ in place of the k-th placeholder of the text; the page shows it back as written.
+const W = "[\\p{L}\\p{N}_]", D = "\\p{Nd}";
+const PLACEHOLDER = new RegExp([
+  "%%",
+  `%\\([A-Za-z_](?:${W}|\\.)*\\)[-+#0]*${D}*(?:\\.${D}+)?[diouxXeEfFgGcrsa]`,
+  `%(?:${D}+\\$)?[-+#0]*(?:${D}+|\\*)?(?:\\.(?:${D}+|\\*))?(?:hh|h|ll|l|L|q|j|z|Z|t|I64|I32|I)?[diouxXeEfFgGcrsSpaAnm]`,
+  "\\{\\{|\\}\\}",
+  `\\{[A-Za-z_0-9](?:${W}|[.\\[\\]])*(?:![rsa])?(?::[^{}]*)?\\}`,
+  `\\$\\{[A-Za-z_]${W}*\\}|\\$[A-Za-z_]${W}*`,
+  `</?[A-Za-z](?:${W}|[:.\\-])*(?:\\s+[^<>]*?)?/?>`,
+].join("|"), "gu");
+const MAX_PLACEHOLDERS = 16;
+const RESERVED = /\uff5f(\d+)\uff60/g;
+const SVG = "http://www.w3.org/2000/svg";
+
+function findPlaceholders(text) {
+  return Array.from(text.matchAll(PLACEHOLDER), (m) => m[0]).slice(0, MAX_PLACEHOLDERS);
+}
+
+// A piece as the user would read it: SentencePiece's word mark dropped, placeholders restored.
+function showPiece(piece, placeholders) {
+  const shown = piece.replace(/\u2581/g, " ").trim()
+    .replace(RESERVED, (token, k) => (k < placeholders.length ? placeholders[k] : token));
+  return shown || "\u2581";
+}
+
+const $ = (id) => document.getElementById(id);
+
+function showError(message) {
+  $("error").textContent = message;
+  $("error").hidden = !message;
+}
+
+async function loadModels() {
+  const reply = await fetch("/v1/models");
+  const body = await reply.json();
+  if (!reply.ok) throw new Error(`${body.code}: ${body.message}`);
+  for (const m of body.models) {
+    const option = document.createElement("option");
+    option.value = `${m.name}/${m.version}`;
+    option.textContent = `${m.name}/${m.version} (${m.precision}, ${m.provider})`;
+    option.selected = m.is_default;
+    $("model").append(option);
+  }
+}
+
+function request(text) {
+  const beam = Number($("beam").value), nbest = Math.min(Number($("nbest").value), beam);
+  return { texts: [text], model: $("model").value,
+           options: { beam_size: beam, num_hypotheses: nbest, return_scores: true, return_attention: true } };
+}
+
+// POST with server-sent events back (EventSource can only GET): calls onEvent(name, data).
+async function postEvents(url, body, onEvent) {
+  const reply = await fetch(url, { method: "POST", headers: { "Content-Type": "application/json" },
+                                   body: JSON.stringify(body) });
+  if (!reply.ok) {
+    const error = await reply.json();
+    throw new Error(`${error.code}: ${error.message}`);
+  }
+  const reader = reply.body.pipeThrough(new TextDecoderStream()).getReader();
+  let buffer = "";
+  for (;;) {
+    const { value, done } = await reader.read();
+    if (done) break;
+    buffer += value;
+    let end;
+    while ((end = buffer.indexOf("\n\n")) >= 0) {
+      const block = buffer.slice(0, end);
+      buffer = buffer.slice(end + 2);
+      const fields = Object.fromEntries(block.split("\n").map((line) => {
+        const at = line.indexOf(": ");
+        return [line.slice(0, at), line.slice(at + 2)];
+      }));
+      onEvent(fields.event, JSON.parse(fields.data));
+    }
+  }
+}
+
+function svg(name, attributes, text) {
+  const node = document.createElementNS(SVG, name);
+  for (const [k, v] of Object.entries(attributes)) node.setAttribute(k, v);
+  if (text !== undefined) node.textContent = text;
+  return node;
+}
+
+// Source pieces across, target pieces down, darker = more attention (the paper's figures).
+function drawHeatmap(translation, hypothesis, placeholders) {
+  const source = translation.source_tokens.map((p) => showPiece(p, placeholders));
+  const rows = hypothesis.alignments;
+  const columns = rows.length ? rows[0].weights.length : source.length;
+  while (source.length < columns) source.push("</s>");
+  const target = hypothesis.tokens.map((p) => showPiece(p, placeholders));
+  const cell = 22, left = 12 + 8 * Math.max(4, ...target.map((t) => t.length));
+  const top = 12 + 6 * Math.max(4, ...source.map((t) => t.length));
+  const root = svg("svg", { width: left + cell * columns + 10, height: top + cell * rows.length + 10,
+                            viewBox: `0 0 ${left + cell * columns + 10} ${top + cell * rows.length + 10}`,
+                            role: "img", "aria-label": "attention heatmap" });
+  source.forEach((piece, j) => {
+    const x = left + cell * j + cell / 2;
+    root.append(svg("text", { x, y: top - 6, transform: `rotate(-60 ${x} ${top - 6})`, class: "source" }, piece));
+  });
+  rows.forEach((a, i) => {
+    const y = top + cell * i;
+    root.append(svg("text", { x: left - 6, y: y + cell * 0.7, "text-anchor": "end", class: "target" },
+                    target[a.target_index] ?? ""));
+    a.weights.forEach((w, j) => {
+      const shade = Math.round(255 * (1 - w));
+      const rect = svg("rect", { x: left + cell * j, y, width: cell - 1, height: cell - 1,
+                                 fill: `rgb(${shade},${shade},${Math.min(255, shade + 40)})`, class: "cell" });
+      rect.append(svg("title", {}, `${target[a.target_index]} \u2192 ${source[j]}: ${w.toFixed(3)}`));
+      root.append(rect);
+    });
+  });
+  $("heatmap").replaceChildren(root);
+}
+
+function showFinal(translation, placeholders) {
+  $("partial").textContent = "";
+  const list = $("hypotheses");
+  list.replaceChildren();
+  translation.hypotheses.forEach((h, k) => {
+    const item = document.createElement("li");
+    item.append(Object.assign(document.createElement("span"), { className: "text", textContent: h.text }));
+    item.append(Object.assign(document.createElement("span"), { className: "score", textContent: `score ${h.score.toFixed(3)}` }));
+    item.addEventListener("click", () => choose(k));
+    list.append(item);
+  });
+  const choose = (k) => {
+    [...list.children].forEach((li, i) => li.classList.toggle("chosen", i === k));
+    $("heatmap-of").textContent = `(hypothesis ${k + 1})`;
+    drawHeatmap(translation, translation.hypotheses[k], placeholders);
+  };
+  choose(0);
+}
+
+async function translate(event) {
+  event.preventDefault();
+  const text = $("text").value;
+  const placeholders = findPlaceholders(text);
+  showError("");
+  $("translate").disabled = true;
+  $("status").textContent = "translating\u2026";
+  $("result").hidden = false;
+  $("hypotheses").replaceChildren();
+  $("heatmap").replaceChildren();
+  const started = performance.now();
+  try {
+    await postEvents("/v1/translate:stream", request(text), (name, data) => {
+      if (name === "partial") $("partial").textContent = data.translations[0].hypotheses[0].text;
+      else if (name === "final") showFinal(data.translations[0], placeholders);
+      else if (name === "error") throw new Error(`${data.code}: ${data.message}`);
+    });
+    $("status").textContent = `translated in ${Math.round(performance.now() - started)} ms`;
+  } catch (e) {
+    $("status").textContent = "";
+    showError(e.message);
+  } finally {
+    $("translate").disabled = false;
+  }
+}
+
+window.nmt = { findPlaceholders, showPiece };
+document.addEventListener("DOMContentLoaded", () => {
+  $("form").addEventListener("submit", translate);
+  loadModels().catch((e) => showError(`models: ${e.message}`));
+});
