@@ -13,7 +13,7 @@ import sys
 from importlib.metadata import entry_points
 
 ONLINE = {
-    "serve": ("service.api.grpc_server", "main", "run the gRPC translation server"),
+    "serve": ("service.api.main", "main", "run the gRPC translation server"),
     "translate": ("service.clients.translate", "main", "translate text with a running server"),
     "translate-po": ("service.clients.po", "main", "fill a gettext catalog with a running server"),
 }

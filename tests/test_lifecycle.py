@@ -17,7 +17,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from harness import (LONG_DIGITS, NOT_SERVING, ROOT, SERVING, ServerProcess, ServerThread, config_for,
                      wait_until)
-from service.api.grpc_server import SERVICE_NAME, main
+from service.api.grpc_server import SERVICE_NAME
+from service.api.main import main
 from service.config import ConfigError, parse
 from service.proto.nmt.v1 import translation_pb2 as pb
 from service.proto.nmt.v1 import translation_pb2_grpc as pb_grpc

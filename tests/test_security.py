@@ -227,13 +227,13 @@ def test_a_bad_tls_file_stops_the_server_with_one_line_naming_it(
         capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
     import re
 
-    from service.api import grpc_server
+    from service.api import main as serve_main
 
     pki.write("other.key", make_cert(HOST, pki.issuers["ca"])[0].key)
     for name in list(os.environ):
         if name.startswith("NMT_"):
             monkeypatch.delenv(name)
-    rc = grpc_server.main(["--model-repository", str(tiny_repository), "--port", "0",
+    rc = serve_main.main(["--model-repository", str(tiny_repository), "--port", "0",
                            "--tls-cert-file", str(pki.dir / files[0]),
                            "--tls-key-file", str(pki.dir / files[1])])
     err = capsys.readouterr().err
