@@ -249,7 +249,8 @@ def test_deployment_probes_drain_and_security(base: dict[str, dict]) -> None:
     limits, requests = c["resources"]["limits"], c["resources"]["requests"]
     assert {"cpu", "memory"} <= set(limits) and {"cpu", "memory"} <= set(requests)
     assert env["NMT_THREADS"] == str(limits["cpu"])  # ONNX Runtime threads = the CPU the pod gets
-    assert {p["name"]: p["containerPort"] for p in c["ports"]} == {"grpc": GRPC_PORT, "metrics": METRICS_PORT}
+    assert {p["name"]: p["containerPort"] for p in c["ports"]} == {"grpc": GRPC_PORT, "metrics": METRICS_PORT,
+                                                                  "http": 8080}
 
 
 def test_service_hpa_pdb_and_monitor_select_the_deployment(base: dict[str, dict]) -> None:
