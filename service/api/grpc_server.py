@@ -224,11 +224,6 @@ class TranslatorServicer(pb_grpc.TranslatorServicer):
                                    f"{request.message} (protobuf wire format, UTF-8 strings), got "
                                    "bytes that do not parse")
                 yield
-        except NmtError as e:
-            code = GRPC_CODES[e.kind]
-            if e.kind is ErrorKind.DEADLINE_EXCEEDED:  # the scheduler saw it before gRPC did
-                metrics.deadline_exceeded.inc()
-            await context.abort(code, e.message)
         except asyncio.CancelledError:
             remaining = context.time_remaining()
             if remaining is not None and remaining <= 0:  # gRPC saw it before the scheduler
@@ -238,16 +233,26 @@ class TranslatorServicer(pb_grpc.TranslatorServicer):
                 code = grpc.StatusCode.CANCELLED
                 metrics.cancelled.inc()
             raise
-        except Exception as e:  # a bug: say so, and keep serving everyone else
-            code = grpc.StatusCode.INTERNAL
-            log.exception("%s failed", method)
-            await context.abort(code, f"internal error: {type(e).__name__}: {e}")
+        except Exception as e:  # NmtError by its kind; anything else is a bug, and the server goes on
+            code, message = answer(e, metrics, method)
+            await context.abort(code, message)
         finally:
             metrics.requests.labels(method=method, code=code.name, protocol="grpc").inc()
             if log.isEnabledFor(logging.DEBUG):
                 log.debug("%s peer=%s texts=%d code=%s %.1f ms", method, context.peer(),
                           len(getattr(request, "texts", ())), code.name,
                           (time.perf_counter() - started) * 1000)
+
+
+def answer(error: Exception, metrics: Metrics, method: str) -> tuple[grpc.StatusCode, str]:
+    """The status and message that answer ``error`` on either protocol: an NmtError by its kind
+    (a deadline the scheduler saw first is counted), anything else as INTERNAL, logged."""
+    if isinstance(error, NmtError):
+        if error.kind is ErrorKind.DEADLINE_EXCEEDED:
+            metrics.deadline_exceeded.inc()
+        return GRPC_CODES[error.kind], error.message
+    log.exception("%s failed", method, exc_info=error)
+    return grpc.StatusCode.INTERNAL, f"internal error: {type(error).__name__}: {error}"
 
 
 def refuse_if_full(scheduler: Scheduler, least: int) -> None:

@@ -34,7 +34,7 @@ from aiohttp import web
 
 from service.api import convert
 from service.api.auth import REFUSAL, AuthInterceptor, refusal_reason
-from service.api.grpc_server import GRPC_CODES, HTTP_STATUS
+from service.api.grpc_server import HTTP_STATUS, answer
 from service.api.http_json import BodyError, parse_request, sse, to_json
 from service.config import SecurityConfig
 from service.errors import ErrorKind, NmtError, invalid
@@ -209,19 +209,13 @@ class HttpServer:
             except BodyError as e:
                 code = e.code
                 return error_response(e.code, str(e))
-            except NmtError as e:
-                code = GRPC_CODES[e.kind]
-                if e.kind is ErrorKind.DEADLINE_EXCEEDED:
-                    metrics.deadline_exceeded.inc()
-                return await self._refuse(request, code, e.message)
             except (asyncio.CancelledError, ConnectionResetError):  # the client went away
                 code = grpc.StatusCode.CANCELLED
                 metrics.cancelled.inc()
                 raise
-            except Exception as e:  # a bug: say so, and keep serving everyone else
-                code = grpc.StatusCode.INTERNAL
-                log.exception("%s failed", method)
-                return await self._refuse(request, code, f"internal error: {type(e).__name__}: {e}")
+            except Exception as e:  # NmtError by its kind; anything else is a bug
+                code, message = answer(e, metrics, method)
+                return await self._refuse(request, code, message)
             finally:
                 metrics.requests.labels(method=method, code=code.name, protocol="http").inc()
         return observed
