@@ -130,29 +130,41 @@ async def idle_latency(address: str, texts: list[str]) -> float:
     return statistics.median(latencies) * 1000
 
 
-async def closed_loop(address: str, texts: list[str], *, concurrency: int, duration: float) -> dict:
-    """``concurrency`` clients, each sending its next request when the last is answered."""
+async def drive(send, texts: list[str], *, concurrency: int, duration: float) -> dict:
+    """``concurrency`` clients, each sending its next one-text request when the last is
+    answered; ``send(text)`` is one call, True when it succeeded."""
     latencies: list[float] = []
     errors = 0
-    async with grpc.aio.insecure_channel(address) as channel:
-        stub = pb_grpc.TranslatorStub(channel)
-        stop_at = time.perf_counter() + duration
+    stop_at = time.perf_counter() + duration
 
-        async def client(seed: int) -> None:
-            nonlocal errors
-            rng = random.Random(seed)
-            while time.perf_counter() < stop_at:
-                start = time.perf_counter()
-                try:
-                    await stub.Translate(pb.TranslateRequest(texts=[rng.choice(texts)]), timeout=60)
-                    latencies.append(time.perf_counter() - start)
-                except grpc.aio.AioRpcError:
-                    errors += 1
-        begin, cpu = time.perf_counter(), time.process_time()
-        await asyncio.gather(*(client(i) for i in range(concurrency)))
-        elapsed, cpu = time.perf_counter() - begin, time.process_time() - cpu
+    async def client(seed: int) -> None:
+        nonlocal errors
+        rng = random.Random(seed)
+        while time.perf_counter() < stop_at:
+            start = time.perf_counter()
+            if await send(rng.choice(texts)):
+                latencies.append(time.perf_counter() - start)
+            else:
+                errors += 1
+    begin, cpu = time.perf_counter(), time.process_time()
+    await asyncio.gather(*(client(i) for i in range(concurrency)))
+    elapsed, cpu = time.perf_counter() - begin, time.process_time() - cpu
     return {"concurrency": concurrency, "requests": len(latencies), "errors": errors,
             "texts_per_s": len(latencies) / elapsed, "client_cpus": cpu / elapsed, **percentiles(latencies)}
+
+
+async def closed_loop(address: str, texts: list[str], *, concurrency: int, duration: float) -> dict:
+    """``drive`` over gRPC, one channel."""
+    async with grpc.aio.insecure_channel(address) as channel:
+        stub = pb_grpc.TranslatorStub(channel)
+
+        async def send(text: str) -> bool:
+            try:
+                await stub.Translate(pb.TranslateRequest(texts=[text]), timeout=60)
+                return True
+            except grpc.aio.AioRpcError:
+                return False
+        return await drive(send, texts, concurrency=concurrency, duration=duration)
 
 
 async def open_loop(address: str, short: list[str], long: list[str], *, rate: float,
@@ -213,29 +225,14 @@ async def idle_both(address: str, url: str, texts: list[str]) -> dict:
 
 
 async def http_closed_loop(url: str, texts: list[str], *, concurrency: int, duration: float) -> dict:
-    """``closed_loop`` over HTTP/JSON (``POST /v1/translate``), one connection per client."""
-    latencies: list[float] = []
-    errors = 0
+    """``drive`` over HTTP/JSON (``POST /v1/translate``), one connection per client."""
     connector = aiohttp.TCPConnector(limit=concurrency)
     async with aiohttp.ClientSession(url, connector=connector) as session:
-        stop_at = time.perf_counter() + duration
-
-        async def client(seed: int) -> None:
-            nonlocal errors
-            rng = random.Random(seed)
-            while time.perf_counter() < stop_at:
-                start = time.perf_counter()
-                async with session.post("/v1/translate", json={"texts": [rng.choice(texts)]}) as reply:
-                    await reply.read()
-                    if reply.status == 200:
-                        latencies.append(time.perf_counter() - start)
-                    else:
-                        errors += 1
-        begin = time.perf_counter()
-        await asyncio.gather(*(client(i) for i in range(concurrency)))
-        elapsed = time.perf_counter() - begin
-    return {"concurrency": concurrency, "requests": len(latencies), "errors": errors,
-            "texts_per_s": len(latencies) / elapsed, **percentiles(latencies)}
+        async def send(text: str) -> bool:
+            async with session.post("/v1/translate", json={"texts": [text]}) as reply:
+                await reply.read()
+                return reply.status == 200
+        return await drive(send, texts, concurrency=concurrency, duration=duration)
 
 
 def compare_protocols(args: argparse.Namespace, server: ServerProcess, short: list[str],
