@@ -5,12 +5,13 @@ from __future__ import annotations
 import io
 import pickle
 import zipfile
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
 import torch
 
 from export.model import ModelConfig, RNNSearch
+from service.models.attention import KINDS
 
 KIND = "nmt-serve/rnnsearch/v1"
 
@@ -31,8 +32,26 @@ class Checkpoint:
         try:
             model.load_state_dict({k: v.float() for k, v in self.weights.items()})
         except RuntimeError as e:
+            kind = weights_kind(self.weights, self.config)
+            if kind is not None and kind != self.config.attention:
+                raise CheckpointError(f"the weights are an attention {kind!r} model's, but the config says "
+                                      f"attention {self.config.attention!r} (one of {', '.join(KINDS)})") from None
             raise CheckpointError(f"weights do not fit the config: {str(e).splitlines()[0]}") from None
         return model.eval()
+
+
+def weights_kind(weights: dict[str, torch.Tensor], config: ModelConfig) -> str | None:
+    """The attention kind whose parameter names and shapes ``weights`` has, if exactly one."""
+    fits = []
+    for kind in KINDS:
+        try:
+            other = RNNSearch(replace(config, attention=kind))
+        except ValueError:
+            continue
+        shapes = {k: tuple(v.shape) for k, v in other.state_dict().items()}
+        if shapes == {k: tuple(v.shape) for k, v in weights.items()}:
+            fits.append(kind)
+    return fits[0] if len(fits) == 1 else None
 
 
 def save_checkpoint(path: Path, model: RNNSearch, tokenizers: dict[str, bytes], *,

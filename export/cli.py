@@ -15,6 +15,8 @@ from typing import Callable
 from export.checkpoint import CheckpointError
 from export.corpus import CorpusError
 from service.errors import ModelRepositoryError
+from service.models.attention import DEFAULT as DEFAULT_KIND
+from service.models.attention import KINDS
 
 EXPECTED = (CorpusError, CheckpointError, ModelRepositoryError, FileExistsError, FileNotFoundError, ValueError)
 
@@ -96,9 +98,11 @@ def train_main(argv: list[str]) -> int:
     for name in ("emb_size", "enc_hidden_size", "dec_hidden_size", "attn_size", "out_size"):
         p.add_argument(f"--{name.replace('_', '-')}", type=int)
     p.add_argument("--dropout", type=float)
+    p.add_argument("--attention", choices=KINDS,
+                   help=f"how the decoder reads the source (default {DEFAULT_KIND}; none: RNNencdec)")
     args = p.parse_args(argv)
     model_config = {k: getattr(args, k) for k in ("emb_size", "enc_hidden_size", "dec_hidden_size",
-                                                  "attn_size", "out_size", "dropout")
+                                                  "attn_size", "out_size", "dropout", "attention")
                     if getattr(args, k) is not None}
     config = train.TrainConfig(minutes=args.minutes, max_epochs=args.max_epochs,
                                batch_tokens=args.batch_tokens, lr=args.lr,

@@ -37,7 +37,7 @@ from onnx import TensorProto, helper
 from export.int8_step import UNIT, _Graph, _np, contract_model
 from export.model import RNNSearch
 from export.quantize import ZERO_POINT, symmetric_int8, unsigned
-from service.models.manifest import ENCODER_INPUTS, ENCODER_OUTPUTS
+from service.models.manifest import SIZES, ENCODER_INPUTS, ENCODER_OUTPUTS
 
 
 def _gru_cell(g: _Graph, name: str, h: str, x: str, w_hh: np.ndarray, b_hh: np.ndarray, H: int) -> str:
@@ -131,7 +131,7 @@ def build_int8_encoder(model: RNNSearch) -> onnx.ModelProto:
                      bias=_np(enc.init_state.bias))  # s_0 from backward h_1
     g.one("Tanh", [init], "init_state")
 
-    dims = {"ctx_size": cfg.ctx_size, "attn_size": cfg.attn_size, "dec_hidden_size": cfg.dec_hidden_size}
+    dims = {symbol: size(cfg.to_dict()) for symbol, size in SIZES.items()}
     types = {"src_ids": TensorProto.INT64, "src_lengths": TensorProto.INT64}
 
     def value(name: str, axes: list[str]) -> onnx.ValueInfoProto:

@@ -51,7 +51,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from export.model import NEG_LARGE, RNNSearch
 from export.quantize import CONTRIB_DOMAIN, QMAX, TINY, ZERO_POINT, symmetric_int8, unsigned
-from service.models.manifest import DECODER_INPUTS, DECODER_OUTPUTS
+from service.models.manifest import SIZES, DECODER_INPUTS, DECODER_OUTPUTS
 
 OPSET = 17
 UNIT = 1.0 / QMAX  # the scale of an activation in [-1, 1]
@@ -218,8 +218,7 @@ def _blocked_topk(g: _Graph, x: str, k: str, blocks: int, width: int) -> None:
 
 
 def _model(g: _Graph, cfg) -> onnx.ModelProto:
-    dims = {"ctx_size": cfg.ctx_size, "attn_size": cfg.attn_size, "dec_hidden_size": cfg.dec_hidden_size,
-            "vocab_size": cfg.tgt_vocab_size}
+    dims = {symbol: size(cfg.to_dict()) for symbol, size in SIZES.items()}
     types = {"prev_tokens": TensorProto.INT64, "src_mask": TensorProto.BOOL, "k": TensorProto.INT64,
              "topk_ids": TensorProto.INT64}
 

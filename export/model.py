@@ -1,13 +1,43 @@
-"""RNNsearch (Bahdanau, Cho & Bengio, ICLR 2015) in PyTorch.
+"""The seeds' model family in PyTorch: RNNsearch, Luong attention, RNNencdec.
 
-Encoder: embedding + bidirectional GRU over packed (padded) batches; the
-annotation h_j concatenates both directions. Decoder: s_0 = tanh(W_s · backward
-h_1); additive attention scored with the previous state,
-e_ij = v^T tanh(W s_{i-1} + U h_j + b), where ``U h_j + b`` (the attention
-keys) is computed once by the encoder; a GRU cell on [E y_{i-1}; c_i]; a deep
-output (maxout) layer over (s_i, E y_{i-1}, c_i) to log-probabilities.
+Every kind shares the encoder: embedding + bidirectional GRU over packed
+(padded) batches; the annotation h_j concatenates both directions. They
+differ in how the decoder reads it (``ModelConfig.attention``, the kinds of
+``service.models.attention``):
 
-The encoder and one decoder step are the two graphs exported to ONNX.
+``bahdanau`` (RNNsearch, Bahdanau, Cho & Bengio, ICLR 2015; the default)
+    s_0 = tanh(W_s · backward h_1); additive attention scored with the
+    *previous* state, e_ij = v^T tanh(W s_{i-1} + U h_j + b), where
+    ``U h_j + b`` (the keys) is computed once by the encoder; a GRU cell on
+    [E y_{i-1}; c_i]; a deep output (maxout) layer over (s_i, E y_{i-1}, c_i).
+    Departs from the paper in sizes only (and the GRU is PyTorch's, reset gate
+    applied after the hidden product).
+
+``luong-general`` and ``luong-dot`` (Luong, Pham & Manning, EMNLP 2015, global attention)
+    The paper's order: the GRU cell first, h_t = GRU([E y_{t-1}; h~_{t-1}],
+    h_{t-1}) (input feeding, h~_0 = 0); then attend from the *current* h_t,
+    score(h_t, h_j) = h_t^T W_a h_j (general; ``W_a h_j`` is the encoder's
+    keys) or h_t^T h_j (dot: needs dec_hidden = 2 x enc_hidden); a_t =
+    softmax; c_t = sum_j a_tj h_j; the attentional state h~_t = tanh(W_c [c_t;
+    h_t]) (no bias, as in the paper) feeds the output layer p(y_t) =
+    softmax(W_s h~_t + b) and the next step. The carried state is [h_t; h~_t].
+    Departs from the paper: GRU instead of a 4-layer LSTM, a bidirectional
+    encoder (the paper's is unidirectional, its decoder starts from the
+    encoder's last state; here h_0 = tanh(W_s · backward h_1), as RNNsearch),
+    dropout on h~_t (as OpenNMT), no local attention. The seed's
+    ``LuongAttention`` module scores only; the order above is the paper's.
+
+``none`` (RNNencdec, Cho et al. 2014, the baseline Bahdanau et al. measured against)
+    One fixed summary of the source, c = [forward h_T; backward h_1] (the
+    last state of each direction; Cho's encoder is unidirectional with c =
+    tanh(V h_T)); s_0 = tanh(W_s c); every step reads the same c: a GRU cell on
+    [E y_{i-1}; c] and the deep output over (s_i, E y_{i-1}, c), RNNsearch's
+    decoder with c_i = c. The carried state is [s_i; c]; ``attention`` is zeros.
+
+Padding masks in every kind: a padded position scores ``NEG_LARGE`` (finite,
+so an all-padding row gives no NaN), and the encoder packs the batch. The
+encoder and one decoder step are the two graphs exported to ONNX; their
+inputs and outputs are the same for every kind (``service.models.manifest``).
 """
 
 from __future__ import annotations
@@ -19,6 +49,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
+from service.models import attention as kinds
 from service.text.tokenizer import TRAINED_WITH
 
 NEG_LARGE = -1e9
@@ -27,19 +58,20 @@ NEG_LARGE = -1e9
 
 @dataclass(frozen=True)
 class ModelConfig:
-    """Sizes of an RNNsearch model; stored in the checkpoint and the manifest."""
+    """Sizes and kind of a model; stored in the checkpoint and the manifest."""
 
     src_vocab_size: int
     tgt_vocab_size: int
     emb_size: int = 256  # source and target embeddings
     enc_hidden_size: int = 256  # per direction; annotations are twice this
     dec_hidden_size: int = 512
-    attn_size: int = 512  # width of the additive attention's hidden layer
-    out_size: int = 256  # maxout units of the deep output layer
+    attn_size: int = 512  # width of the additive attention's hidden layer (bahdanau)
+    out_size: int = 256  # maxout units of the deep output layer (bahdanau, none)
     dropout: float = 0.2
     pad_id: int = TRAINED_WITH.pad  # the tokenizers' special ids (service.text.tokenizer)
     bos_id: int = TRAINED_WITH.bos
     eos_id: int = TRAINED_WITH.eos
+    attention: str = kinds.DEFAULT  # one of service.models.attention.KINDS
 
     def __post_init__(self) -> None:
         for name in ("src_vocab_size", "tgt_vocab_size", "emb_size", "enc_hidden_size",
@@ -48,10 +80,20 @@ class ModelConfig:
                 raise ValueError(f"ModelConfig.{name} must be > 0, got {getattr(self, name)}")
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"ModelConfig.dropout must be in [0, 1), got {self.dropout}")
+        kinds.check_kind(self.attention, "ModelConfig.attention")
+        kinds.check_sizes(self.to_dict())
 
     @property
     def ctx_size(self) -> int:
-        return 2 * self.enc_hidden_size
+        return kinds.ctx_size(self.to_dict())
+
+    @property
+    def state_size(self) -> int:
+        return kinds.state_size(self.to_dict())
+
+    @property
+    def key_size(self) -> int:
+        return kinds.key_size(self.to_dict())
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -62,10 +104,18 @@ class Encoder(nn.Module):
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
+        self.kind = config.attention
         self.embed = nn.Embedding(config.src_vocab_size, config.emb_size, padding_idx=config.pad_id)
         self.rnn = nn.GRU(config.emb_size, config.enc_hidden_size, batch_first=True, bidirectional=True)
-        self.init_state = nn.Linear(config.enc_hidden_size, config.dec_hidden_size)  # W_s
-        self.keys = nn.Linear(config.ctx_size, config.attn_size)  # U, b
+        # W_s: from backward h_1, or (none) from the summary c
+        self.init_state = nn.Linear(config.ctx_size if self.kind == "none" else config.enc_hidden_size,
+                                    config.dec_hidden_size)
+        self.keys: nn.Module | None = None
+        if self.kind == "bahdanau":
+            self.keys = nn.Linear(config.ctx_size, config.attn_size)  # U, b
+        elif self.kind == "luong-general":
+            self.keys = nn.Linear(config.ctx_size, config.dec_hidden_size, bias=False)  # W_a
+        self.dec_hidden_size = config.dec_hidden_size
         self.dropout = nn.Dropout(config.dropout)
 
     def forward(self, src: torch.Tensor, src_lengths: torch.Tensor
@@ -76,9 +126,19 @@ class Encoder(nn.Module):
         out, _ = self.rnn(packed)
         annotations, _ = pad_packed_sequence(out, batch_first=True, total_length=src.shape[1])
         # annotations: (batch, src_len, ctx_size); backward h_1 is the second half at j = 0
-        backward_first = annotations[:, 0, self.rnn.hidden_size:]  # (batch, enc_hidden_size)
-        state = torch.tanh(self.init_state(backward_first))  # (batch, dec_hidden_size)
-        keys = self.keys(annotations)  # (batch, src_len, attn_size)
+        half = self.rnn.hidden_size
+        backward_first = annotations[:, 0, half:]  # (batch, enc_hidden_size)
+        if self.kind == "none":
+            last = (src_lengths - 1).clamp(min=0).view(-1, 1, 1).expand(-1, 1, annotations.shape[2])
+            forward_last = annotations.gather(1, last).squeeze(1)[:, :half]  # forward h_T
+            summary = torch.cat([forward_last, backward_first], dim=1)  # c: (batch, ctx_size)
+            state = torch.cat([torch.tanh(self.init_state(summary)), summary], dim=1)
+        else:
+            state = torch.tanh(self.init_state(backward_first))  # (batch, dec_hidden_size)
+            if self.kind != "bahdanau":  # [h_0; h~_0 = 0]
+                state = torch.cat([state, torch.zeros_like(state)], dim=1)
+        # keys: (batch, src_len, key_size); width 0 where the kind has none
+        keys = self.keys(annotations) if self.keys is not None else annotations[:, :, :0]
         return annotations, keys, state
 
 
@@ -95,19 +155,28 @@ class Attention(nn.Module):
         # state: (batch, dec_hidden_size); keys: (batch, src_len, attn_size)
         # src_mask: (batch, src_len) bool, True on real tokens
         energy = self.v(torch.tanh(keys + self.query(state).unsqueeze(1))).squeeze(2)
-        energy = energy.masked_fill(~src_mask, NEG_LARGE)  # (batch, src_len)
-        alpha = torch.softmax(energy, dim=1)
-        context = torch.bmm(alpha.unsqueeze(1), annotations).squeeze(1)  # (batch, ctx_size)
-        return context, alpha
+        return _attend(energy, annotations, src_mask)
+
+
+def _attend(energy: torch.Tensor, annotations: torch.Tensor, src_mask: torch.Tensor
+            ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Masked softmax of (batch, src_len) scores -> (context (batch, ctx_size), alpha)."""
+    alpha = torch.softmax(energy.masked_fill(~src_mask, NEG_LARGE), dim=1)
+    return torch.bmm(alpha.unsqueeze(1), annotations).squeeze(1), alpha
 
 
 class Decoder(nn.Module):
-    """One step: (y_{i-1}, s_{i-1}) -> (s_i, c_i, alpha_i); plus the deep output."""
+    """RNNsearch's decoder (``bahdanau``) and, without attention, RNNencdec's (``none``).
+
+    ``step``: (E y_{i-1}, carried state) -> (next state, output features, alpha);
+    ``logits``: the deep output over the features [s_i; E y_{i-1}; c_i].
+    """
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
+        self.hidden = config.dec_hidden_size
         self.embed = nn.Embedding(config.tgt_vocab_size, config.emb_size, padding_idx=config.pad_id)
-        self.attention = Attention(config)
+        self.attention = Attention(config) if config.attention == "bahdanau" else None
         self.cell = nn.GRUCell(config.emb_size + config.ctx_size, config.dec_hidden_size)
         self.pre_output = nn.Linear(config.dec_hidden_size + config.emb_size + config.ctx_size,
                                     2 * config.out_size)
@@ -117,26 +186,65 @@ class Decoder(nn.Module):
     def step(self, prev_emb: torch.Tensor, state: torch.Tensor, annotations: torch.Tensor,
              keys: torch.Tensor, src_mask: torch.Tensor
              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        # prev_emb: (batch, emb_size), state: (batch, dec_hidden_size)
-        context, alpha = self.attention(state, annotations, keys, src_mask)
-        state = self.cell(torch.cat([prev_emb, context], dim=1), state)
-        return state, context, alpha
+        # prev_emb: (batch, emb_size)
+        if self.attention is not None:  # state: s_{i-1}
+            context, alpha = self.attention(state, annotations, keys, src_mask)
+            state = self.cell(torch.cat([prev_emb, context], dim=1), state)
+            return state, torch.cat([state, prev_emb, context], dim=1), alpha
+        s, context = state[:, :self.hidden], state[:, self.hidden:]  # [s_{i-1}; c]
+        s = self.cell(torch.cat([prev_emb, context], dim=1), s)
+        alpha = torch.zeros(src_mask.shape, dtype=context.dtype)  # no attention
+        return torch.cat([s, context], dim=1), torch.cat([s, prev_emb, context], dim=1), alpha
 
-    def logits(self, state: torch.Tensor, prev_emb: torch.Tensor, context: torch.Tensor) -> torch.Tensor:
+    def logits(self, features: torch.Tensor) -> torch.Tensor:
         # any leading shape (..., features) -> (..., tgt_vocab_size)
-        t = self.pre_output(self.dropout(torch.cat([state, prev_emb, context], dim=-1)))
+        t = self.pre_output(self.dropout(features))
         t = t.unflatten(-1, (-1, 2)).amax(dim=-1)  # maxout over pairs: (..., out_size)
         return self.output(self.dropout(t))
 
 
+class LuongDecoder(nn.Module):
+    """Luong's global attention with input feeding (``luong-general``, ``luong-dot``).
+
+    ``step``: ([h_{t-1}; h~_{t-1}]) -> ([h_t; h~_t], h~_t, a_t); ``logits``: W_s h~_t + b.
+    """
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.hidden = config.dec_hidden_size
+        self.general = config.attention == "luong-general"  # the keys are W_a h_j, else h_j
+        self.embed = nn.Embedding(config.tgt_vocab_size, config.emb_size, padding_idx=config.pad_id)
+        self.cell = nn.GRUCell(config.emb_size + config.dec_hidden_size, config.dec_hidden_size)
+        self.combine = nn.Linear(config.ctx_size + config.dec_hidden_size, config.dec_hidden_size,
+                                 bias=False)  # W_c
+        self.output = nn.Linear(config.dec_hidden_size, config.tgt_vocab_size)  # W_s
+        self.dropout = nn.Dropout(config.dropout)
+
+    def step(self, prev_emb: torch.Tensor, state: torch.Tensor, annotations: torch.Tensor,
+             keys: torch.Tensor, src_mask: torch.Tensor
+             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        h, fed = state[:, :self.hidden], state[:, self.hidden:]
+        h = self.cell(torch.cat([prev_emb, fed], dim=1), h)  # h_t
+        scored = keys if self.general else annotations  # (batch, src_len, dec_hidden)
+        # h_t^T W_a h_j: (batch, src_len), as a product and a sum over the last axis: a batched
+        # MatMul's result for a position depends on src_len in ONNX Runtime (the last bit)
+        energy = (scored * h.unsqueeze(1)).sum(dim=2)
+        context, alpha = _attend(energy, annotations, src_mask)
+        attentional = self.dropout(torch.tanh(self.combine(torch.cat([context, h], dim=1))))  # h~_t
+        return torch.cat([h, attentional], dim=1), attentional, alpha
+
+    def logits(self, features: torch.Tensor) -> torch.Tensor:
+        return self.output(features)
+
+
 class RNNSearch(nn.Module):
-    """The whole model, for training (teacher forcing) and reference decoding."""
+    """The whole model of any kind, for training (teacher forcing) and reference decoding."""
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         self.config = config
         self.encoder = Encoder(config)
-        self.decoder = Decoder(config)
+        self.decoder = LuongDecoder(config) if config.attention.startswith("luong") else Decoder(config)
 
     def forward(self, src: torch.Tensor, src_lengths: torch.Tensor, tgt_in: torch.Tensor
                 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -148,24 +256,21 @@ class RNNSearch(nn.Module):
         annotations, keys, state = self.encoder(src, src_lengths)
         src_mask = src != self.config.pad_id
         emb = self.decoder.dropout(self.decoder.embed(tgt_in))  # (batch, tgt_len, emb_size)
-        states, contexts, alphas = [], [], []
+        features, alphas = [], []
         for i in range(tgt_in.shape[1]):
-            state, context, alpha = self.decoder.step(emb[:, i], state, annotations, keys, src_mask)
-            states.append(state)
-            contexts.append(context)
+            state, feature, alpha = self.decoder.step(emb[:, i], state, annotations, keys, src_mask)
+            features.append(feature)
             alphas.append(alpha)
         # the output layer runs once over all steps: one large matrix product
-        logits = self.decoder.logits(torch.stack(states, 1), emb, torch.stack(contexts, 1))
-        return logits, torch.stack(alphas, 1)
+        return self.decoder.logits(torch.stack(features, 1)), torch.stack(alphas, 1)
 
     def step_log_probs(self, prev_tokens: torch.Tensor, state: torch.Tensor,
                        annotations: torch.Tensor, keys: torch.Tensor, src_mask: torch.Tensor
                        ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """One decoder step as exported: (log_probs, next_state, attention)."""
         prev_emb = self.decoder.embed(prev_tokens)
-        state, context, alpha = self.decoder.step(prev_emb, state, annotations, keys, src_mask)
-        log_probs = F.log_softmax(self.decoder.logits(state, prev_emb, context), dim=-1)
-        return log_probs, state, alpha
+        state, feature, alpha = self.decoder.step(prev_emb, state, annotations, keys, src_mask)
+        return F.log_softmax(self.decoder.logits(feature), dim=-1), state, alpha
 
     def num_parameters(self) -> int:
         return sum(p.numel() for p in self.parameters())

@@ -30,6 +30,7 @@ from collections.abc import Iterator
 from importlib import metadata
 from pathlib import Path
 
+import onnx
 import torch
 from torch import nn
 
@@ -41,7 +42,7 @@ from export.quantize import SCHEME as INT8_SCHEME
 from export.quantize import quantize_graph
 from export.verify import DYNAMIC_AXES, VerificationError, verify_repository
 from service.models.manifest import (DECODER_INPUTS, DECODER_OUTPUTS, ENCODER_INPUTS, ENCODER_OUTPUTS,
-                              FORMAT, checksums, load_manifest, sha256_file, write_manifest)
+                                     FORMAT, SIZES, checksums, load_manifest, sha256_file, write_manifest)
 from service.text.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 
 OPSET = 17
@@ -139,17 +140,50 @@ def export_graphs(model: RNNSearch, root: Path, *, quantize: bool, int8_encoder:
             torch.onnx.export(module.eval(), args, str(root / file), input_names=list(inputs),
                               output_names=list(outputs), dynamic_axes=dynamic_axes(inputs, outputs),
                               opset_version=OPSET, dynamo=False)
+            declare_inputs(root / file, inputs, model.config.to_dict())
         if quantize:
             # the step is built from the weights, with few passes around its products
             # (``export.int8_step``); the encoder is the fp32 graph with its products in int8 and
             # its GRU op left fp32: the all-int8 encoder (``export.int8_encoder``, the GRU as int8
             # cell steps in a Scan) was slower at 2 threads for every join size the server sees
             # (``loadtest/results/notes.md``), so it is built only with ``int8_encoder="scan"``
-            if int8_encoder == "scan":
+            # (both built from the weights are RNNsearch's; the other kinds' step is the generic
+            # rewrite of its fp32 graph, batch-invariant the same way)
+            bahdanau = model.config.attention == "bahdanau"
+            if int8_encoder == "scan" and bahdanau:
                 write_int8_encoder(model, root / GRAPHS["int8"]["encoder"])
             else:
                 quantize_graph(root / GRAPHS["fp32"]["encoder"], root / GRAPHS["int8"]["encoder"])
-            write_int8_step(model, root / GRAPHS["int8"]["decoder_step"])
+            if bahdanau:
+                write_int8_step(model, root / GRAPHS["int8"]["decoder_step"])
+            else:
+                quantize_graph(root / GRAPHS["fp32"]["decoder_step"], root / GRAPHS["int8"]["decoder_step"])
+
+
+ONNX_TYPES = {"prev_tokens": onnx.TensorProto.INT64, "src_ids": onnx.TensorProto.INT64,
+              "src_lengths": onnx.TensorProto.INT64, "k": onnx.TensorProto.INT64,
+              "src_mask": onnx.TensorProto.BOOL}  # the others are float32
+
+
+def declare_inputs(path: Path, contract: dict[str, list[str]], config: dict) -> None:
+    """Give the graph back the contract's inputs the exporter pruned because this kind does not
+    read them (``none``: annotations, keys; ``luong-dot``: keys): every kind's graph takes the
+    same feed. ONNX Runtime accepts an input that no node consumes."""
+    graph = onnx.load(str(path))
+    have = {i.name for i in graph.graph.input}
+    missing = [name for name in contract if name not in have]
+    if not missing:
+        return
+    for name in missing:
+        dims = [SIZES[a](config) if a in SIZES else a for a in contract[name]]
+        graph.graph.input.append(onnx.helper.make_tensor_value_info(
+            name, ONNX_TYPES.get(name, onnx.TensorProto.FLOAT), dims))
+    order = list(contract)  # the contract's order, as the exporter writes the others
+    inputs = sorted(graph.graph.input, key=lambda i: order.index(i.name))
+    del graph.graph.input[:]
+    graph.graph.input.extend(inputs)
+    onnx.checker.check_model(graph)
+    onnx.save(graph, str(path))
 
 
 def producer_versions() -> dict[str, str]:

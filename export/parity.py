@@ -20,7 +20,7 @@ from export.corpus import read_split
 from export.model import RNNSearch
 from export.search import greedy
 from service.decoding.engine import Engine
-from service.decoding.layout import pad_sources
+from service.decoding.layout import pad_sources, width
 from service.decoding.runtime import Runtime
 from service.interface import Prepared
 from service.models.manifest import (DECODER_INPUTS, DECODER_OUTPUTS, ENCODER_INPUTS, ENCODER_OUTPUTS,
@@ -35,6 +35,7 @@ GRID_SRC_LENS = (1, 5, 40)
 STEPS = 3  # decoder steps checked per random batch
 TOP_K = 4
 PADDING_LEN, PADDING_EXTRA, PADDING_ROWS = 5, 7, 4  # sentence length, padding added, batch rows
+PADDING_TRIALS = 4  # random batches of the padding check
 GREEDY_BATCH = 32
 GREEDY_MAX_LEN, GREEDY_MAX_RATIO = 200, 3.0
 RANDOM_SOURCES, RANDOM_MAX_LEN = 64, 20  # greedy parity without a test split
@@ -168,28 +169,34 @@ def check_grid(runtime: Runtime, model: RNNSearch, manifest: Manifest, precision
 
 def check_padding(runtime: Runtime, vocab_sizes: tuple[int, int], tol: Tolerances,
                   rng: np.random.Generator) -> Check:
-    """A sentence alone vs row 0 of a batch padded to a longer source: same outputs."""
-    n, padded = PADDING_LEN, PADDING_LEN + PADDING_EXTRA
-    src, lengths = random_batch(rng, batch=PADDING_ROWS, src_len=padded, vocab_size=vocab_sizes[0])
-    src[0], lengths[0] = PAD_ID, n
-    src[0, :n] = random_batch(rng, batch=1, src_len=n, vocab_size=vocab_sizes[0])[0][0]
-    src[1, :], lengths[1] = random_batch(rng, batch=1, src_len=padded, vocab_size=vocab_sizes[0])[0][0], padded
-    alone_src, alone_len = src[:1, :n], lengths[:1]
+    """A sentence alone vs row 0 of a batch padded to a longer source, each as wide as the server
+    makes it (``service.decoding.layout.width``), over ``PADDING_TRIALS`` batches: the same bits
+    are expected (``tol.padding`` 0)."""
+    n, padded = PADDING_LEN, width(PADDING_LEN + PADDING_EXTRA)
+    alone_width = width(n)
+    diff = 0.0
     try:
-        alone, together = encode(runtime, alone_src, alone_len), encode(runtime, src, lengths)
-        diff = max_diff(*((a[0, :n], t[0, :n]) for a, t in zip(alone[:2], together[:2])),
-                        (alone[2][0], together[2][0]))
-        a_state, t_state = alone[2], together[2]
-        prev = np.full(PADDING_ROWS, BOS_ID, dtype=np.int64)
-        for _ in range(STEPS):
-            a = run_step(runtime, prev[:1], a_state, alone[0], alone[1], alone_src != PAD_ID, k=1)
-            t = run_step(runtime, prev, t_state, together[0], together[1], src != PAD_ID, k=1)
-            diff = max(diff, max_diff((a["log_probs"][0], t["log_probs"][0]),
-                                      (a["next_state"][0], t["next_state"][0]),
-                                      (a["attention"][0], t["attention"][0, :n]),
-                                      (np.zeros(padded - n), t["attention"][0, n:])))
-            a_state, t_state = a["next_state"], t["next_state"]
-            prev = rng.integers(FIRST_ID, vocab_sizes[1], size=PADDING_ROWS).astype(np.int64)
+        for _ in range(PADDING_TRIALS):
+            src, lengths = random_batch(rng, batch=PADDING_ROWS, src_len=padded, vocab_size=vocab_sizes[0])
+            src[0], lengths[0] = PAD_ID, n
+            src[0, :n] = random_batch(rng, batch=1, src_len=n, vocab_size=vocab_sizes[0])[0][0]
+            src[1, :] = random_batch(rng, batch=1, src_len=padded, vocab_size=vocab_sizes[0])[0][0]
+            lengths[1] = padded
+            alone_src, alone_len = src[:1, :alone_width], lengths[:1]
+            alone, together = encode(runtime, alone_src, alone_len), encode(runtime, src, lengths)
+            diff = max(diff, max_diff(*((a[0, :n], t[0, :n]) for a, t in zip(alone[:2], together[:2])),
+                                      (alone[2][0], together[2][0])))
+            a_state, t_state = alone[2], together[2]
+            prev = np.full(PADDING_ROWS, BOS_ID, dtype=np.int64)
+            for _ in range(STEPS):
+                a = run_step(runtime, prev[:1], a_state, alone[0], alone[1], alone_src != PAD_ID, k=1)
+                t = run_step(runtime, prev, t_state, together[0], together[1], src != PAD_ID, k=1)
+                diff = max(diff, max_diff((a["log_probs"][0], t["log_probs"][0]),
+                                          (a["next_state"][0], t["next_state"][0]),
+                                          (a["attention"][0], t["attention"][0, :alone_width]),
+                                          (np.zeros(padded - alone_width), t["attention"][0, alone_width:])))
+                a_state, t_state = a["next_state"], t["next_state"]
+                prev = rng.integers(FIRST_ID, vocab_sizes[1], size=PADDING_ROWS).astype(np.int64)
     except ORT_ERRORS as err:
         return Check("padding invariance", str(err).splitlines()[0][:100], f"<= {tol.padding:g}", False)
     return Check("padding invariance", f"{diff:.2e}", f"<= {tol.padding:g}", diff <= tol.padding,

@@ -131,6 +131,10 @@ def _start(tok: Tokenizer, model_config: dict | None, config: TrainConfig, resum
     state: dict = {"step": 0, "epoch": 0, "best_bleu": -1.0, "elapsed": 0.0}
     ckpt = load_checkpoint(resume) if resume is not None else None
     if ckpt is not None:
+        clash = {k: v for k, v in (model_config or {}).items() if getattr(ckpt.config, k) != v}
+        if clash:
+            raise ValueError(f"{resume}: a run is resumed with its own settings; it has "
+                             + ", ".join(f"{k} {getattr(ckpt.config, k)!r} (given {v!r})" for k, v in clash.items()))
         model = RNNSearch(ckpt.config)
         model.load_state_dict(ckpt.weights)
         state.update(ckpt.extra.get("train_state", {}))

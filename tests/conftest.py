@@ -119,7 +119,7 @@ def _save_untrained(tok_dir: Path, out: Path, seed: int = 0, **sizes: int) -> Pa
 def tiny_checkpoint(tiny_tokenizers: Path) -> Path:
     """An untrained tiny model (random weights) with real tokenizers."""
     return _save_untrained(tiny_tokenizers, tiny_tokenizers.parent / "tiny.pt", emb_size=16,
-                           enc_hidden_size=16, dec_hidden_size=24, attn_size=20, out_size=12,
+                           enc_hidden_size=16, dec_hidden_size=32, attn_size=32, out_size=16,
                            dropout=0.0)
 
 

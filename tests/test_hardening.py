@@ -217,7 +217,7 @@ def test_malformed_manifests_are_refused_naming_the_field(tiny_repository: Path,
 
 
 @pytest.mark.parametrize("change, message", [
-    (_double_hidden, r"axis 1 \(dec_hidden_size\) is \d+, but .*manifest.json model_config gives \d+"),
+    (_double_hidden, r"axis 1 \(state_size\) is \d+, but .*manifest.json model_config gives \d+"),
     (_swap_target_tokenizer, r"target.model: the target tokenizer is the source one"),
     (lambda root, raw: raw["model_config"].update(tgt_vocab_size=raw["model_config"]["tgt_vocab_size"] + 1),
      r"axis 1 \(vocab_size\) is \d+, but"),

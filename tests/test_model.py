@@ -1,7 +1,9 @@
-"""RNNsearch: padding invariance, masks, checkpoints."""
+"""The model family (every attention kind): padding invariance, masks, the kinds' computation,
+checkpoints."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -9,6 +11,7 @@ import torch
 
 from export.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from export.model import ModelConfig, RNNSearch
+from service.models.attention import KINDS
 from export.search import greedy
 from export.train import collate
 
@@ -16,10 +19,15 @@ CONFIG = ModelConfig(src_vocab_size=30, tgt_vocab_size=25, emb_size=12, enc_hidd
                      dec_hidden_size=14, attn_size=9, out_size=6, dropout=0.0)
 
 
-@pytest.fixture()
-def model() -> RNNSearch:
+def config_of(kind: str) -> ModelConfig:
+    """CONFIG with ``kind``'s attention (luong-dot scores h_t . h_j: dec_hidden = 2 x enc_hidden)."""
+    return replace(CONFIG, attention=kind, dec_hidden_size=20 if kind == "luong-dot" else CONFIG.dec_hidden_size)
+
+
+@pytest.fixture(params=KINDS)
+def model(request: pytest.FixtureRequest) -> RNNSearch:
     torch.manual_seed(0)
-    return RNNSearch(CONFIG).eval()
+    return RNNSearch(config_of(request.param)).eval()
 
 
 def _batch(lengths: list[int], seed: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
@@ -77,7 +85,7 @@ def test_checkpoint_round_trip_and_bad_files(model: RNNSearch, tmp_path: Path) -
     path = tmp_path / "m.pt"
     save_checkpoint(path, model, {"source.model": b"x", "target.model": b"y"})
     ckpt = load_checkpoint(path)
-    assert ckpt.config == CONFIG and ckpt.tokenizers["source.model"] == b"x"
+    assert ckpt.config == model.config and ckpt.tokenizers["source.model"] == b"x"
     for k, v in model.state_dict().items():
         assert torch.equal(ckpt.model().state_dict()[k], v)
     with pytest.raises(CheckpointError, match="does not exist"):
@@ -89,10 +97,76 @@ def test_checkpoint_round_trip_and_bad_files(model: RNNSearch, tmp_path: Path) -
     with pytest.raises(CheckpointError, match="foreign.pt: not an nmt-serve RNNsearch checkpoint"):
         load_checkpoint(tmp_path / "foreign.pt")
     raw = torch.load(path, weights_only=True)
-    raw["config"]["dec_hidden_size"] = 20  # another config than the weights'
+    raw["config"]["emb_size"] = 13  # another config than the weights'
     torch.save(raw, tmp_path / "other.pt")
     with pytest.raises(CheckpointError, match="other.pt: weights do not fit the config"):
         load_checkpoint(tmp_path / "other.pt")
+
+
+def test_a_checkpoint_of_one_kind_under_another_kinds_config_names_both(tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    save_checkpoint(tmp_path / "m.pt", RNNSearch(config_of("bahdanau")), {})
+    raw = torch.load(tmp_path / "m.pt", weights_only=True)
+    raw["config"]["attention"] = "luong-general"
+    torch.save(raw, tmp_path / "mixed.pt")
+    with pytest.raises(CheckpointError, match="mixed.pt: the weights are an attention 'bahdanau' model's, "
+                                              "but the config says attention 'luong-general'"):
+        load_checkpoint(tmp_path / "mixed.pt")
+    raw["config"]["attention"] = "luong-concat"
+    torch.save(raw, tmp_path / "unknown.pt")
+    with pytest.raises(CheckpointError, match="attention must be one of bahdanau, luong-general, luong-dot, "
+                                              "none; got 'luong-concat'"):
+        load_checkpoint(tmp_path / "unknown.pt")
+    with pytest.raises(ValueError, match="luong-dot needs dec_hidden_size == 2 x enc_hidden_size"):
+        replace(CONFIG, attention="luong-dot")
+
+
+@torch.inference_mode()
+@pytest.mark.parametrize("kind", ["luong-general", "luong-dot"])
+def test_luong_attends_from_the_current_state_and_feeds_its_output(kind: str) -> None:
+    """Luong's order, written out: h_t = GRU([E y; h~_{t-1}], h_{t-1}); score from h_t;
+    h~_t = tanh(W_c [c_t; h_t]); p = softmax(W_s h~_t + b); the next step reads h~_t."""
+    torch.manual_seed(1)
+    model = RNNSearch(config_of(kind)).eval()
+    dec, H = model.decoder, model.config.dec_hidden_size
+    src, lens = _batch([5, 3])
+    ann, keys, state = model.encoder(src, lens)
+    assert torch.equal(state[:, H:], torch.zeros(2, H))  # h~_0 = 0
+    mask = src != 0
+    prev = torch.tensor([5, 7])
+    for _ in range(3):
+        h_prev, fed = state[:, :H], state[:, H:]
+        h = dec.cell(torch.cat([dec.embed(prev), fed], 1), h_prev)
+        scored = ann @ model.encoder.keys.weight.T if kind == "luong-general" else ann  # W_a h_j, or h_j
+        energy = torch.einsum("bsh,bh->bs", scored, h).masked_fill(~mask, -1e9)
+        alpha = torch.softmax(energy, 1)
+        context = torch.einsum("bs,bsc->bc", alpha, ann)
+        h_tilde = torch.tanh(dec.combine(torch.cat([context, h], 1)))
+        expected = torch.log_softmax(dec.output(h_tilde), 1)
+        log_probs, state, al = model.step_log_probs(prev, state, ann, keys, mask)
+        torch.testing.assert_close(log_probs, expected, atol=1e-5, rtol=0)
+        torch.testing.assert_close(al, alpha, atol=1e-6, rtol=0)
+        torch.testing.assert_close(state, torch.cat([h, h_tilde], 1), atol=1e-6, rtol=0)
+        prev = log_probs.argmax(1)
+
+
+@torch.inference_mode()
+def test_rnnencdec_reads_one_fixed_summary() -> None:
+    """``none``: c = [forward h_T; backward h_1] at every step, no attention."""
+    torch.manual_seed(2)
+    model = RNNSearch(config_of("none")).eval()
+    H, half = model.config.dec_hidden_size, model.config.enc_hidden_size
+    src, lens = _batch([6, 2, 4])
+    ann, keys, state = model.encoder(src, lens)
+    assert keys.shape == (3, src.shape[1], 0)
+    summary = torch.stack([torch.cat([ann[b, n - 1, :half], ann[b, 0, half:]]) for b, n in enumerate(lens.tolist())])
+    torch.testing.assert_close(state[:, H:], summary, atol=0, rtol=0)
+    torch.testing.assert_close(state[:, :H], torch.tanh(model.encoder.init_state(summary)), atol=1e-6, rtol=0)
+    prev = torch.tensor([5, 6, 7])
+    for _ in range(3):
+        log_probs, state, alpha = model.step_log_probs(prev, state, ann, keys, src != 0)
+        assert torch.equal(state[:, H:], summary) and float(alpha.abs().sum()) == 0.0
+        prev = log_probs.argmax(1)
 
 
 def test_release_halves_weights_and_drops_optimizer(model: RNNSearch, tmp_path: Path) -> None:

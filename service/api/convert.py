@@ -50,7 +50,7 @@ def model_info(manifest: Manifest, *, precision: str, provider: str, is_default:
     return pb.ModelInfo(name=manifest.name, version=manifest.version, sha256=manifest.sha256,
                         precision=precision, provider=provider, languages=[str(x) for x in languages],
                         quality=flatten_numbers(manifest.raw.get("quality") or {}),
-                        is_default=is_default)
+                        is_default=is_default, attention=manifest.attention)
 
 
 def flatten_numbers(tree: Any, prefix: str = "") -> dict[str, float]:

@@ -24,9 +24,10 @@ from service.api.auth import AuthInterceptor, TlsFiles, TokenFile
 from service.api.wire import SERVICE_NAME, Undecodable, add_translator
 from service.config import ServeConfig
 from service.app import Model, ServedModels, load_engines
-from service.errors import ErrorKind, NmtError
+from service.errors import ErrorKind, NmtError, invalid
 from service.interface import Engine, Final, Partial, Prepared
 from service.metrics import Metrics, MetricsServer
+from service.models.attention import has_attention
 from service.options import validate_request
 from service.proto.nmt.v1 import translation_pb2 as pb
 from service.proto.nmt.v1 import translation_pb2_grpc as pb_grpc
@@ -116,6 +117,9 @@ class App:
         for i, text in enumerate(request.texts):
             placeholders.check_count(text, f"texts[{i}]")
         model = self.models.get(request.model)
+        if options.return_attention and not has_attention(model.manifest.attention):
+            raise invalid("options.return_attention", f"false for model {model.ref!r} (its attention is "
+                          f"{model.manifest.attention!r}: no alignments)", True)
         refuse_if_full(model.scheduler, len(request.texts) * options.beam_size)
         return model, [model.engine.prepare(text, options, i) for i, text in enumerate(request.texts)]
 

@@ -53,7 +53,7 @@ class Batch:
         self._beams = self._starts = self._limits = self._lengths = self._ended = layout.NO_ROWS
         self._prev = layout.NO_ROWS  # (rows,) the tokens the next step reads
         self._scores = np.zeros(0, dtype=np.float64)  # (rows,) running scores
-        self._state: Any = None  # (rows, dec_hidden_size), where the provider keeps it
+        self._state: Any = None  # (rows, state_size), where the provider keeps it
         self._context = layout.RowContext(runtime)
         self._history = History()
         self._attention = 0  # texts that keep attention

@@ -17,20 +17,24 @@ from service.decoding.runtime import Runtime
 
 NO_ROWS = np.zeros(0, dtype=np.int64)
 PAD_COLUMNS = 1  # masked source columns every row gets (see ``width``)
+WIDTH_MULTIPLE = 4  # every src_len the decoder step sees is a multiple of this (see ``width``)
 WIDTH_SLACK = 1.25  # keep up to 25% unneeded columns rather than copy the context to trim them
 MAX_MOVED_SHARE = 0.5  # above this share of rows moving, build a fresh context instead
 GROWTH, MIN_CAPACITY = 2, 16  # a new context allocation has room for this many times its rows
 
 
 def width(longest_source: int) -> int:
-    """The rows' src_len: the longest source plus ``PAD_COLUMNS`` masked columns.
+    """The rows' src_len: the longest source plus ``PAD_COLUMNS`` masked columns, rounded up to
+    a multiple of ``WIDTH_MULTIPLE``.
 
-    With at least one masked column, ONNX Runtime's fp32 decoder step gives
-    every row the same bits whatever the width (measured: widths up to 256, any
-    row subset); a row exactly as wide as its source can differ in the last
-    bit. So a text decodes to the same bits alone or in any batch.
+    ONNX Runtime's results for a row depend on the batch's shape in the last bit
+    unless both hold (measured, ``export.parity.check_padding``): a row exactly as
+    wide as its source can differ, and a ``Gemm`` over rows x src_len columns (the
+    int8 step's attention score) computes a column in a tail group of fewer than 4
+    differently. With both, a text decodes to the same bits alone or in any batch.
     """
-    return longest_source + PAD_COLUMNS
+    columns = longest_source + PAD_COLUMNS
+    return -(-columns // WIDTH_MULTIPLE) * WIDTH_MULTIPLE
 
 
 def source_mask(lengths: Sequence[int], columns: int) -> np.ndarray:

@@ -5,7 +5,7 @@ binding: the per-row context (annotations, keys, mask) is uploaded once per
 batch layout and stays on the device, and ``next_state`` is left on the device
 and fed back as the next ``state`` whenever the rows keep their order (greedy
 without arrivals or departures). A beam reorder gathers the state on the host
-(rows x dec_hidden_size floats: small next to the context), since the graphs
+(rows x state_size floats: small next to the context), since the graphs
 have no gather input. Only the small outputs (top-k, attention) come back.
 """
 
@@ -29,8 +29,8 @@ CUDA_DEVICE_ID = 0
 @dataclass(frozen=True)
 class EncoderOutput:
     annotations: np.ndarray  # (batch, src_len, ctx_size)
-    keys: np.ndarray  # (batch, src_len, attn_size)
-    init_state: np.ndarray  # (batch, dec_hidden_size)
+    keys: np.ndarray  # (batch, src_len, key_size)
+    init_state: np.ndarray  # (batch, state_size)
 
 
 @dataclass(frozen=True)
@@ -38,7 +38,7 @@ class StepOutput:
     topk_log_probs: np.ndarray  # (rows, k), descending
     topk_ids: np.ndarray  # (rows, k) int64
     attention: np.ndarray  # (rows, src_len)
-    next_state: Any  # (rows, dec_hidden_size): numpy on CPU, an OrtValue on CUDA
+    next_state: Any  # (rows, state_size): numpy on CPU, an OrtValue on CUDA
 
 
 @dataclass(frozen=True)
@@ -46,7 +46,7 @@ class Context:
     """The per-row encoder outputs a decoder step reads, where the provider wants them."""
 
     annotations: Any  # (rows, src_len, ctx_size)
-    keys: Any  # (rows, src_len, attn_size)
+    keys: Any  # (rows, src_len, key_size)
     src_mask: Any  # (rows, src_len) bool
 
 
@@ -129,13 +129,13 @@ class Runtime:
                          for a in (annotations, keys, src_mask)))
 
     def state(self, state: np.ndarray) -> Any:
-        """A host state array (rows, dec_hidden_size) in the form ``step`` takes."""
+        """A host state array (rows, state_size) in the form ``step`` takes."""
         if self.provider == "cpu":
             return state
         return ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(state), "cuda", CUDA_DEVICE_ID)
 
     def host_state(self, state: Any) -> np.ndarray:
-        """The state as a host array (rows, dec_hidden_size)."""
+        """The state as a host array (rows, state_size)."""
         return state if isinstance(state, np.ndarray) else state.numpy()
 
     def gather_state(self, state: Any, index: np.ndarray) -> Any:

@@ -2,27 +2,34 @@
 
 Written by ``nmt export`` (offline), read by the server (online). Torch-free.
 
-The two graphs (names of inputs and outputs are part of the contract):
+The two graphs (names of inputs and outputs are part of the contract; the
+same for every attention kind, whose widths ``state_size`` and ``key_size``
+are ``service.models.attention``'s):
 
 ``encoder.onnx``
     inputs   src_ids      int64   (batch, src_len)      source piece ids, EOS last, PAD after
              src_lengths  int64   (batch,)              real length of each row (EOS included)
     outputs  annotations  float32 (batch, src_len, ctx_size)   h_j, both directions
-             keys         float32 (batch, src_len, attn_size)  U h_j + b
-             init_state   float32 (batch, dec_hidden_size)     s_0 = tanh(W_s backward h_1)
+             keys         float32 (batch, src_len, key_size)   what the attention scores
+                                                        (U h_j + b; W_a h_j; width 0: none)
+             init_state   float32 (batch, state_size)   the decoder's first carried state
 
 ``decoder_step.onnx``
     inputs   prev_tokens  int64   (rows,)               y_{i-1} (BOS at the first step)
-             state        float32 (rows, dec_hidden_size)     s_{i-1}
+             state        float32 (rows, state_size)    the carried state (s_{i-1}; [h; h~]; [s; c])
              annotations  float32 (rows, src_len, ctx_size)
-             keys         float32 (rows, src_len, attn_size)
+             keys         float32 (rows, src_len, key_size)
              src_mask     bool    (rows, src_len)       True on real source tokens
              k            int64   ()                    how many top entries to return
     outputs  log_probs    float32 (rows, vocab_size)    log p(y_i | ...)
              topk_log_probs float32 (rows, k)           the k largest, descending
              topk_ids     int64   (rows, k)
-             next_state   float32 (rows, dec_hidden_size)     s_i
-             attention    float32 (rows, src_len)       alpha_i (scored with s_{i-1})
+             next_state   float32 (rows, state_size)
+             attention    float32 (rows, src_len)       alpha_i (zeros for ``none``)
+
+A step graph declares every input even where its kind reads none of it
+(``none``: annotations, keys). ``model_config.attention`` names the kind
+(absent: ``bahdanau``, the repositories written before the kinds).
 """
 
 from __future__ import annotations
@@ -34,6 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from service.errors import ModelRepositoryError
+from service.models import attention
 from service.interface import SpecialIds
 
 FORMAT = "nmt-serve/model-repository/v1"
@@ -42,14 +50,14 @@ MANIFEST = "manifest.json"
 
 ENCODER_INPUTS = {"src_ids": ["batch", "src_len"], "src_lengths": ["batch"]}
 ENCODER_OUTPUTS = {"annotations": ["batch", "src_len", "ctx_size"],
-                   "keys": ["batch", "src_len", "attn_size"],
-                   "init_state": ["batch", "dec_hidden_size"]}
-DECODER_INPUTS = {"prev_tokens": ["rows"], "state": ["rows", "dec_hidden_size"],
+                   "keys": ["batch", "src_len", "key_size"],
+                   "init_state": ["batch", "state_size"]}
+DECODER_INPUTS = {"prev_tokens": ["rows"], "state": ["rows", "state_size"],
                   "annotations": ["rows", "src_len", "ctx_size"],
-                  "keys": ["rows", "src_len", "attn_size"], "src_mask": ["rows", "src_len"],
+                  "keys": ["rows", "src_len", "key_size"], "src_mask": ["rows", "src_len"],
                   "k": []}
 DECODER_OUTPUTS = {"log_probs": ["rows", "vocab_size"], "topk_log_probs": ["rows", "k"],
-                   "topk_ids": ["rows", "k"], "next_state": ["rows", "dec_hidden_size"],
+                   "topk_ids": ["rows", "k"], "next_state": ["rows", "state_size"],
                    "attention": ["rows", "src_len"]}
 
 
@@ -78,6 +86,11 @@ class Manifest:
 
     def path(self, file: str) -> Path:
         return self.root / file
+
+    @property
+    def attention(self) -> str:
+        """The attention kind (``service.models.attention.KINDS``), checked when loaded."""
+        return self.model_config.get("attention", attention.DEFAULT)
 
     @property
     def max_source_tokens(self) -> int:
@@ -134,8 +147,8 @@ def parse_special_ids(mpath: Path, field: Any) -> SpecialIds:
     return SpecialIds(**{n: field[n] for n in names})
 
 
-SIZES = {"ctx_size": lambda c: 2 * c["enc_hidden_size"], "attn_size": lambda c: c["attn_size"],
-         "dec_hidden_size": lambda c: c["dec_hidden_size"], "vocab_size": lambda c: c["tgt_vocab_size"]}
+SIZES = {"ctx_size": attention.ctx_size, "key_size": attention.key_size,
+         "state_size": attention.state_size, "vocab_size": lambda c: c["tgt_vocab_size"]}
 """The contract's fixed dimensions, from ``model_config`` (annotations: both directions)."""
 CONFIG_INTS = ("enc_hidden_size", "dec_hidden_size", "attn_size", "src_vocab_size", "tgt_vocab_size")
 
@@ -174,6 +187,11 @@ def _parse(root: Path, mpath: Path, raw: dict[str, Any]) -> Manifest:
     config = _field(mpath, raw, "model_config", f"an object with integer {', '.join(CONFIG_INTS)}",
                     lambda v: isinstance(v, dict) and all(type(v[k]) is int and v[k] > 0
                                                           for k in CONFIG_INTS))
+    try:
+        attention.check_kind(config.get("attention", attention.DEFAULT), "model_config.attention")
+        attention.check_sizes(config)
+    except ValueError as e:
+        raise ModelRepositoryError(f"{mpath}: {e}") from None
     tokenizers = _field(mpath, raw, "tokenizers", 'an object {"source": file, "target": file}',
                         lambda v: _is_str_map(v, ("source", "target")))
     graphs = _field(mpath, raw, "graphs", 'an object precision -> {"encoder": file, '

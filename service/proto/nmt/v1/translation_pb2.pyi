@@ -99,7 +99,7 @@ class ListModelsResponse(_message.Message):
     def __init__(self, models: _Optional[_Iterable[_Union[ModelInfo, _Mapping]]] = ...) -> None: ...
 
 class ModelInfo(_message.Message):
-    __slots__ = ("name", "version", "sha256", "precision", "provider", "languages", "quality", "is_default")
+    __slots__ = ("name", "version", "sha256", "precision", "provider", "languages", "quality", "is_default", "attention")
     class QualityEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -115,6 +115,7 @@ class ModelInfo(_message.Message):
     LANGUAGES_FIELD_NUMBER: _ClassVar[int]
     QUALITY_FIELD_NUMBER: _ClassVar[int]
     IS_DEFAULT_FIELD_NUMBER: _ClassVar[int]
+    ATTENTION_FIELD_NUMBER: _ClassVar[int]
     name: str
     version: str
     sha256: str
@@ -123,4 +124,5 @@ class ModelInfo(_message.Message):
     languages: _containers.RepeatedScalarFieldContainer[str]
     quality: _containers.ScalarMap[str, float]
     is_default: bool
-    def __init__(self, name: _Optional[str] = ..., version: _Optional[str] = ..., sha256: _Optional[str] = ..., precision: _Optional[str] = ..., provider: _Optional[str] = ..., languages: _Optional[_Iterable[str]] = ..., quality: _Optional[_Mapping[str, float]] = ..., is_default: _Optional[bool] = ...) -> None: ...
+    attention: str
+    def __init__(self, name: _Optional[str] = ..., version: _Optional[str] = ..., sha256: _Optional[str] = ..., precision: _Optional[str] = ..., provider: _Optional[str] = ..., languages: _Optional[_Iterable[str]] = ..., quality: _Optional[_Mapping[str, float]] = ..., is_default: _Optional[bool] = ..., attention: _Optional[str] = ...) -> None: ...

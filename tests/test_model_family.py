@@ -1,0 +1,118 @@
+"""The seeds' model family through the whole pipeline: every attention kind exports (fp32, int8),
+verifies (parity, bit-exact batch invariance), and is served beside the others from one
+repository directory; the bad inputs of the kinds are one line naming the value and the choices."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import grpc
+import numpy as np
+import onnx
+import pytest
+
+from conftest import _save_untrained
+from export.onnx_export import GRAPHS, export_repository
+from harness import ServerThread, config_for
+from service.decoding.engine import Engine
+from service.errors import ModelRepositoryError
+from service.models.attention import KINDS, key_size, state_size
+from service.models.manifest import DECODER_INPUTS, ENCODER_OUTPUTS, MANIFEST, load_manifest
+from service.proto.nmt.v1 import translation_pb2 as pb
+
+# widths that are multiples of the vector width, as real models' are (see export.parity.check_padding)
+SIZES = dict(emb_size=16, enc_hidden_size=16, dec_hidden_size=32, attn_size=32, out_size=16, dropout=0.0)
+TEXTS = ["Open the file", "Save %s as {name}"]
+
+
+@pytest.fixture(scope="module")
+def family(tiny_tokenizers: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One repository directory holding a tiny untrained model of every kind: ``<kind>/1``."""
+    from service.app import WARMUP_TEXT
+
+    root = tmp_path_factory.mktemp("family")
+    for kind in KINDS:
+        for seed in range(10):  # an untrained model whose warm-up translation is not empty (served)
+            checkpoint = _save_untrained(tiny_tokenizers, root / f"{kind}.pt", seed=seed, attention=kind, **SIZES)
+            out = export_repository(checkpoint, root / "models" / kind / "1", name=kind, version="1",
+                                    quantize=True, force=True)
+            if all(Engine(out, precision=p).translate([WARMUP_TEXT])[0].hypotheses[0].text.strip()
+                   for p in ("fp32", "int8")):
+                break
+    return root / "models"
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_every_kind_exports_verifies_and_keeps_the_contract(family: Path, kind: str) -> None:
+    manifest = load_manifest(family / kind / "1")
+    assert manifest.attention == kind == manifest.model_config["attention"]
+    for precision in ("fp32", "int8"):
+        parity = manifest.raw["parity"][precision]
+        assert parity["padding_max_abs_diff"] == 0.0  # bit-exact: alone or in a padded batch
+        assert parity["dynamic_shapes_ran"] == 12
+        if precision == "fp32":
+            assert parity["greedy_identical_share"] >= 0.995
+        step = onnx.load(str(family / kind / "1" / GRAPHS[precision]["decoder_step"]))
+        assert [i.name for i in step.graph.input] == list(DECODER_INPUTS)  # even those it does not read
+    engine = Engine(family / kind / "1", precision="fp32")
+    ids = np.array([[5, 6, 7, 3]], dtype=np.int64)
+    out = engine.runtime.encode(ids, np.array([4], dtype=np.int64))
+    assert out.keys.shape == (1, 4, key_size(manifest.model_config))
+    assert out.init_state.shape == (1, state_size(manifest.model_config))
+    assert set(ENCODER_OUTPUTS) == {"annotations", "keys", "init_state"}
+
+
+def test_kinds_are_served_together_and_none_refuses_alignments(family: Path) -> None:
+    engines = {kind: Engine(family / kind / "1", precision="int8") for kind in KINDS}
+    with ServerThread(config_for(family, "--default-model", "bahdanau", "--precision", "int8")) as s:
+        models = s.api.ListModels(pb.ListModelsRequest(), timeout=10).models
+        assert sorted((m.name, m.attention) for m in models) == sorted((k, k) for k in KINDS)
+        assert models[0].name == "bahdanau" and models[0].is_default
+        for kind in KINDS:
+            reply = s.api.Translate(pb.TranslateRequest(texts=TEXTS, model=kind), timeout=60)
+            alone = [engines[kind].translate([t])[0].hypotheses[0].text for t in TEXTS]
+            assert [t.hypotheses[0].text for t in reply.translations] == alone  # each text as alone
+            assert reply.model == kind
+        aligned = s.api.Translate(pb.TranslateRequest(texts=TEXTS[:1], model="luong-dot", options=pb.DecodingOptions(
+            return_attention=True)), timeout=60)
+        alignments = aligned.translations[0].hypotheses[0].alignments
+        assert alignments and all(abs(sum(a.weights) - 1) < 1e-3 for a in alignments)
+        with pytest.raises(grpc.RpcError) as refused:
+            s.api.Translate(pb.TranslateRequest(texts=TEXTS[:1], model="none", options=pb.DecodingOptions(
+                return_attention=True)), timeout=10)
+        assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert refused.value.details() == ("options.return_attention must be false for model 'none/1' (its "
+                                           "attention is 'none': no alignments), got True")
+        assert s.api.Translate(pb.TranslateRequest(texts=TEXTS[:1], model="none"), timeout=60).translations
+
+
+def test_a_manifest_naming_an_unknown_kind_is_one_line(family: Path, tmp_path: Path) -> None:
+    repo = shutil.copytree(family / "luong-general" / "1", tmp_path / "x" / "1")
+    raw = json.loads((repo / MANIFEST).read_text())
+    raw["model_config"]["attention"] = "luong-concat"
+    (repo / MANIFEST).write_text(json.dumps(raw))  # manifest.json itself has no checksum
+    with pytest.raises(ModelRepositoryError, match=r"model_config.attention must be one of bahdanau, "
+                                                   r"luong-general, luong-dot, none; got 'luong-concat'"):
+        load_manifest(repo)
+
+
+def test_train_names_an_unknown_kind_and_a_resume_of_another_kind(tiny_corpus: Path, tiny_tokenizers: Path,
+                                                                   tmp_path: Path, capsys) -> None:
+    from export import cli, train
+
+    with pytest.raises(SystemExit) as exit_:
+        cli.train_main([str(tiny_corpus), "--tokenizers", str(tiny_tokenizers), "-o", str(tmp_path / "r"),
+                        "--attention", "luong-concat"])
+    assert exit_.value.code == 2
+    assert ("argument --attention: invalid choice: 'luong-concat' (choose from 'bahdanau', 'luong-general', "
+            "'luong-dot', 'none')") in capsys.readouterr().err
+    config = train.TrainConfig(minutes=1, max_epochs=1, batch_tokens=200, bleu_slice=4, threads=1)
+    run = tmp_path / "run"
+    train.train(tiny_corpus, tiny_tokenizers, run, model_config=dict(SIZES, attention="none"), config=config,
+                log=lambda *_: None)
+    with pytest.raises(ValueError, match=r"last.pt: a run is resumed with its own settings; it has attention "
+                                         r"'none' \(given 'luong-dot'\)"):
+        train.train(tiny_corpus, tiny_tokenizers, run, model_config={"attention": "luong-dot"}, config=config,
+                    resume=run / "last.pt", log=lambda *_: None)
