@@ -4,9 +4,14 @@ Reads every French catalog (``.po`` or ``.mo``) under the given directories,
 turns each translated entry into aligned sentence pairs, protects their
 placeholders, filters, deduplicates, and splits train/valid/test by a hash of
 the normalized source, so a sentence stays in its split when the corpus grows.
+Catalogs of the held-out domains and packages (export/heldout-exclude.txt) are
+never read. Sources of 20 words and more whose hash falls in the test share, or
+too long for training (over max_chars, up to long_max_chars), also form the
+long-message set, which no train or valid source equals.
 Output (deterministic: two runs give identical files):
 
     <out>/train.jsonl, valid.jsonl, test.jsonl   one pair per line
+    <out>/long.jsonl                             long-message test set, same format
     <out>/manifest.json                          catalogs, packages, licenses, counts
 """
 
@@ -14,6 +19,7 @@ from __future__ import annotations
 
 import csv
 import hashlib
+import itertools
 import json
 import re
 import sys
@@ -22,11 +28,24 @@ from collections import Counter, defaultdict
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-
-from export.catalogs import (DEFAULT_EXCLUDE, CorpusError, LANGUAGE_DIRS, SYSTEM_LOCALE_DIR, _describe,  # noqa: F401
-                             _load, _nplurals, _package_files, default_roots, entry_texts,
-                             find_catalogs)
+from export.catalogs import (  # noqa: F401
+    DEFAULT_EXCLUDE,
+    HELDOUT,
+    HELDOUT_FILE,
+    LANGUAGE_DIRS,
+    SYSTEM_LOCALE_DIR,
+    CorpusError,
+    _describe,
+    _load,
+    _nplurals,
+    _package_files,
+    default_roots,
+    describe,
+    entry_texts,
+    find_catalogs,
+)
 from service.text import placeholders
+
 
 @dataclass(frozen=True)
 class CorpusConfig:
@@ -36,6 +55,10 @@ class CorpusConfig:
     max_ratio: float = 3.0  # drop pairs whose character lengths differ more than this
     valid_per_mille: int = 15  # share of sources (by hash) in the validation split
     test_per_mille: int = 20  # share of sources (by hash) in the test split
+    long_min_words: int = 20  # a source of this many words (whitespace-separated) or more is "long"
+    long_max_chars: int = 600  # longest source or target of the long set
+    long_per_mille: int = 0  # share (by hash, after the valid share) of long sources moved out of train
+    long_buckets: tuple[int, ...] = (20, 30, 40)  # lower bounds, in words, of the long set's buckets
 
 
 @dataclass(frozen=True)
@@ -59,6 +82,8 @@ class CatalogStats:
     entries: int = 0
     pairs: int = 0
     dropped: dict[str, int] = field(default_factory=dict)
+    long_only: int = 0  # pairs over max_chars kept for the long set only
+    license_file: str = ""
 
 
 # ---------------------------------------------------------------- discovery
@@ -77,14 +102,15 @@ def normalize(text: str) -> str:
     return " ".join(unicodedata.normalize("NFC", text).split())
 
 
-def make_pair(src: str, tgt: str, config: CorpusConfig) -> Pair | str:
-    """A protected pair, or the reason it is dropped."""
+def make_pair(src: str, tgt: str, config: CorpusConfig, max_chars: int | None = None) -> Pair | str:
+    """A protected pair, or the reason it is dropped (``max_chars``: default ``config.max_chars``)."""
     src, tgt = normalize(src), normalize(tgt)
+    max_chars = config.max_chars if max_chars is None else max_chars
     if not src or not tgt:
         return "empty"
     if src == tgt:
         return "untranslated"
-    if len(src) > config.max_chars or len(tgt) > config.max_chars:
+    if len(src) > max_chars or len(tgt) > max_chars:
         return "too_long"
     if max(len(src), len(tgt)) > config.max_ratio * min(len(src), len(tgt)) + 10:
         return "length_ratio"
@@ -100,8 +126,25 @@ def make_pair(src: str, tgt: str, config: CorpusConfig) -> Pair | str:
                 placeholders=list(protected.placeholders), src_raw=src, tgt_raw=tgt)
 
 
-def catalog_pairs(path: Path, config: CorpusConfig, stats: CatalogStats) -> list[Pair]:
-    """Every usable pair of one catalog, dropped ones counted by reason in ``stats``."""
+def words(text: str) -> int:
+    """Whitespace-separated words (placeholders count)."""
+    return len(text.split())
+
+
+def long_candidate(src: str, tgt: str, config: CorpusConfig) -> Pair | None:
+    """A pair over ``max_chars`` that the long set can still take (long, up to ``long_max_chars``)."""
+    made = make_pair(src, tgt, config, max_chars=config.long_max_chars)
+    if isinstance(made, Pair) and words(made.src_raw) >= config.long_min_words:
+        return made
+    return None
+
+
+def catalog_pairs(path: Path, config: CorpusConfig, stats: CatalogStats,
+                  long_only: list[Pair] | None = None) -> list[Pair]:
+    """Every usable pair of one catalog, dropped ones counted by reason in ``stats``.
+
+    Pairs dropped as too long that the long set can take are appended to ``long_only``.
+    """
     catalog = _load(path)
     nplurals = _nplurals(catalog)
     dropped: Counter[str] = Counter()
@@ -121,6 +164,11 @@ def catalog_pairs(path: Path, config: CorpusConfig, stats: CatalogStats) -> list
                     pairs.append(made)
                 elif made != "empty" or s.strip() or t.strip():
                     dropped[made] += 1
+                    if made == "too_long" and long_only is not None:
+                        extra = long_candidate(s, t, config)
+                        if extra is not None:
+                            long_only.append(extra)
+                            stats.long_only += 1
     stats.pairs = len(pairs)
     stats.dropped = dict(sorted(dropped.items()))
     return pairs
@@ -163,9 +211,14 @@ def deduplicate(pairs: list[Pair]) -> list[Pair]:
     return out
 
 
+def hash_bucket(src: str) -> int:
+    """0..999 from a hash of the normalized (case-folded) source: the split rule."""
+    return int(hashlib.sha256(src.casefold().encode()).hexdigest()[:8], 16) % 1000
+
+
 def split_of(src: str, config: CorpusConfig) -> str:
     """train/valid/test, by a hash of the normalized (case-folded) source."""
-    bucket = int(hashlib.sha256(src.casefold().encode()).hexdigest()[:8], 16) % 1000
+    bucket = hash_bucket(src)
     if bucket < config.test_per_mille:
         return "test"
     if bucket < config.test_per_mille + config.valid_per_mille:
@@ -173,25 +226,95 @@ def split_of(src: str, config: CorpusConfig) -> str:
     return "train"
 
 
+def in_long_share(src: str, config: CorpusConfig) -> bool:
+    """The hash share whose long sources are held out for the long set: the test
+    share, plus ``long_per_mille`` right after the valid share (taken from train)."""
+    bucket = hash_bucket(src)
+    after_valid = config.test_per_mille + config.valid_per_mille
+    return bucket < config.test_per_mille or after_valid <= bucket < after_valid + config.long_per_mille
+
+
+def long_bucket(n_words: int, config: CorpusConfig) -> str:
+    """The long set's length bucket of a source of ``n_words`` words: "20-29", ..., "40+"."""
+    bounds = config.long_buckets
+    for lo, hi in itertools.pairwise(bounds):
+        if lo <= n_words < hi:
+            return f"{lo}-{hi - 1}"
+    return f"{bounds[-1]}+"
+
+
+def split_pairs(pairs: list[Pair], long_only: list[Pair], config: CorpusConfig
+                ) -> tuple[dict[str, list[Pair]], list[Pair], dict]:
+    """Deduplicated train/valid/test splits, the long set and its counts.
+
+    One pair per source across all catalogs (``deduplicate``), in the split of
+    its hash, so one sentence never lands in two splits. A source of
+    ``long_min_words`` words or more whose hash is in the long share
+    (``in_long_share``) also goes to the long set: it stays in test when its
+    hash is in the test share, and leaves train otherwise. Sources too long for
+    the splits (``long_only``, over ``max_chars``) join the long set too, unless
+    the splits already have that source. No long source, case-folded, equals a
+    train or valid one.
+    """
+    splits: dict[str, list[Pair]] = {"train": [], "valid": [], "test": []}
+    long: list[Pair] = []
+    moved = 0
+    kept = deduplicate(pairs)
+    for p in kept:
+        split = split_of(p.src, config)
+        if words(p.src_raw) >= config.long_min_words and in_long_share(p.src, config):
+            long.append(p)
+            if split == "train":
+                moved += 1
+                continue
+        splits[split].append(p)
+    trained = {p.src.casefold() for s in ("train", "valid") for p in splits[s]}
+    in_splits = {p.src for p in kept}
+    extra = [p for p in deduplicate(long_only) if p.src not in in_splits and p.src.casefold() not in trained]
+    long = sorted(long + extra, key=lambda p: p.src)
+    leaked = [p.src_raw for p in long if p.src.casefold() in trained]
+    if leaked:  # cannot happen with the hash rule; the long set's promise is checked, not assumed
+        raise CorpusError(f"long set: {len(leaked)} sources also in train/valid, e.g. {leaked[0]!r}")
+    buckets = Counter(long_bucket(words(p.src_raw), config) for p in long)
+    labels = [long_bucket(b, config) for b in config.long_buckets]
+    info = {
+        "rule": (f"sources of {config.long_min_words}+ words whose hash is in the test share"
+                 + (f" or the {config.long_per_mille} per mille after the valid share" if config.long_per_mille else "")
+                 + f", and those over max_chars (up to {config.long_max_chars} characters); "
+                 "none equals (case-folded) a train or valid source"),
+        "pairs": len(long),
+        "also_in_test": sum(1 for p in long if split_of(p.src, config) == "test" and p.src in in_splits),
+        "moved_from_train": moved,
+        "over_max_chars": len(extra),
+        "buckets": {label: buckets.get(label, 0) for label in labels},
+    }
+    return splits, long, info
+
+
+def _write_pairs(path: Path, pairs: list[Pair]) -> None:
+    with path.open("w", encoding="utf-8") as f:
+        for p in pairs:
+            f.write(json.dumps(asdict(p), ensure_ascii=False) + "\n")
+
+
 def write_corpus(pairs: list[Pair], out: Path, sources: list[dict], config: CorpusConfig,
-                 dropped: dict[str, int]) -> dict:
-    """Write the split files and the manifest; returns the manifest."""
+                 dropped: dict[str, int], long_only: list[Pair] = (), heldout: dict | None = None) -> dict:
+    """Write the split files, the long set and the manifest; returns the manifest."""
     if not pairs:
         raise CorpusError(f"{out}: the corpus is empty (no usable pairs in the inputs)")
     out.mkdir(parents=True, exist_ok=True)
-    splits: dict[str, list[Pair]] = {"train": [], "valid": [], "test": []}
-    for p in deduplicate(pairs):
-        splits[split_of(p.src, config)].append(p)
+    splits, long, long_info = split_pairs(pairs, list(long_only), config)
     for name, items in splits.items():
-        with (out / f"{name}.jsonl").open("w", encoding="utf-8") as f:
-            for p in items:
-                f.write(json.dumps(asdict(p), ensure_ascii=False) + "\n")
+        _write_pairs(out / f"{name}.jsonl", items)
+    _write_pairs(out / "long.jsonl", long)
     manifest = {
         "languages": {"source": "en", "target": "fr"},
         "config": asdict(config),
         "splits": {k: len(v) for k, v in splits.items()},
+        "long": long_info,
         "pairs_before_dedup": len(pairs),
         "dropped": dict(sorted(dropped.items())),
+        "heldout": heldout or {},
         "sources": sources,
     }
     (out / "manifest.json").write_text(json.dumps(manifest, indent=1, ensure_ascii=False) + "\n")
@@ -201,16 +324,26 @@ def write_corpus(pairs: list[Pair], out: Path, sources: list[dict], config: Corp
 def build(roots: list[Path], out: Path, *, config: CorpusConfig = CorpusConfig(),
           parallel: list[tuple[Path, Path | None]] = (), exclude: tuple[str, ...] = DEFAULT_EXCLUDE,
           log=print) -> dict:
-    """The whole corpus: catalogs under ``roots`` plus plain parallel files."""
+    """The whole corpus: catalogs under ``roots`` plus plain parallel files.
+
+    Catalogs of a held-out domain or shipped by a held-out package
+    (``export/heldout-exclude.txt``) are skipped whatever ``exclude`` says.
+    """
     pairs: list[Pair] = []
+    long_only: list[Pair] = []
     sources: list[dict] = []
     dropped: Counter[str] = Counter()
+    skipped: list[Path] = []
     if roots:
         owners = _package_files(roots)
-        for path in find_catalogs(roots, exclude=exclude):
-            package, lic = _describe(path, owners)
-            stats = CatalogStats(path=str(path), package=package, license=lic)
-            pairs += catalog_pairs(path, config, stats)
+        for path in find_catalogs(roots, exclude=exclude, heldout_skipped=skipped):
+            origin = describe(path, owners)
+            if HELDOUT.has_package(origin.name):
+                skipped.append(path)
+                continue
+            stats = CatalogStats(path=str(path), package=origin.package, license=origin.license,
+                                 license_file=origin.license_file)
+            pairs += catalog_pairs(path, config, stats, long_only)
             dropped.update(stats.dropped)
             sources.append(asdict(stats))
     for src_path, tgt_path in parallel:
@@ -225,12 +358,21 @@ def build(roots: list[Path], out: Path, *, config: CorpusConfig = CorpusConfig()
                 stats.pairs += 1
             else:
                 reasons[made] += 1
+                extra = long_candidate(s, t, config) if made == "too_long" else None
+                if extra is not None:
+                    long_only.append(extra)
+                    stats.long_only += 1
         stats.dropped = dict(sorted(reasons.items()))
         dropped.update(reasons)
         sources.append(asdict(stats))
-    manifest = write_corpus(pairs, out, sources, config, dict(dropped))
+    heldout = {"list": f"export/{HELDOUT_FILE.name}",
+               "sha256": hashlib.sha256(HELDOUT_FILE.read_bytes()).hexdigest(),
+               "catalogs_skipped": len(skipped)}
+    manifest = write_corpus(pairs, out, sources, config, dict(dropped), long_only, heldout)
     log(f"corpus: {len(sources)} sources, {len(pairs)} pairs, "
-        f"{sum(manifest['splits'].values())} after dedup {manifest['splits']} -> {out}")
+        f"{sum(manifest['splits'].values())} after dedup {manifest['splits']}, "
+        f"long set {manifest['long']['pairs']} {manifest['long']['buckets']}, "
+        f"{len(skipped)} held-out catalogs skipped -> {out}")
     return manifest
 
 
