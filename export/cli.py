@@ -151,3 +151,10 @@ def verify_main(argv: list[str]) -> int:
     from export import verify
 
     return verify.main(argv)
+
+
+@one_line_errors("compare")
+def compare_main(argv: list[str]) -> int:
+    from export import compare
+
+    return compare.main(argv)

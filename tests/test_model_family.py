@@ -116,3 +116,33 @@ def test_train_names_an_unknown_kind_and_a_resume_of_another_kind(tiny_corpus: P
                                          r"'none' \(given 'luong-dot'\)"):
         train.train(tiny_corpus, tiny_tokenizers, run, model_config={"attention": "luong-dot"}, config=config,
                     resume=run / "last.pt", log=lambda *_: None)
+
+
+def test_compare_writes_the_side_by_side_tables_and_figures(tiny_tokenizers: Path, tiny_corpus: Path,
+                                                            tmp_path: Path) -> None:
+    from export.compare import compare
+
+    systems = {kind: _save_untrained(tiny_tokenizers, tmp_path / f"{kind}.pt", attention=kind, **SIZES)
+               for kind in ("bahdanau", "none")}
+    shutil.copy(tiny_corpus / "test.jsonl", tmp_path / "long.jsonl")  # a long set beside the test split
+    corpus = shutil.copytree(tiny_corpus, tmp_path / "corpus")
+    shutil.copy(tmp_path / "long.jsonl", corpus / "long.jsonl")
+    results = compare(systems, corpus, tmp_path / "out", exclude_train=[], heatmaps=("Open the file",),
+                      log=lambda *_: None)
+    written = json.loads((tmp_path / "out" / "comparison.json").read_text())
+    assert written == json.loads(json.dumps(results))
+    for kind in systems:
+        r = written["systems"][kind]
+        assert r["attention"] == kind and r["parameters"] > 0 and r["step_ms"] > 0
+        assert set(r["sets"]) == {"test", "long"} and set(r["sets"]["long"]) == {"greedy", "beam5"}
+        assert sum(b["sentences"] for b in r["bleu_by_source_words"].values()) == 2 * written["sentences"]["test"]
+    assert [h["translations"].keys() for h in written["heatmaps"]] == [{"bahdanau": None}.keys()]  # none has none
+    for png in ("bleu-by-length.png", "attention-0.png"):
+        assert (tmp_path / "out" / png).read_bytes()[:4] == b"\x89PNG"
+    assert "| bahdanau | bahdanau |" in (tmp_path / "out" / "comparison.md").read_text()
+    other = tmp_path / "other_tokenizers"
+    shutil.copytree(tiny_tokenizers, other)
+    (other / "target.model").write_bytes((tiny_tokenizers / "source.model").read_bytes())
+    systems["odd"] = _save_untrained(other, tmp_path / "odd.pt", **SIZES)
+    with pytest.raises(ValueError, match="must share their SentencePiece models"):
+        compare(systems, corpus, tmp_path / "out2", exclude_train=[], heatmaps=())

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -59,31 +60,73 @@ def test_resume_continues_from_checkpoint(tiny_corpus: Path, tiny_tokenizers: Pa
     assert second.config == first.config
 
 
-def test_reversal_model_learns_the_anti_diagonal(reversal_checkpoint: Path, reversal_corpus: Path) -> None:
-    """The sanity task: reverse digit strings; attention must follow the anti-diagonal."""
-    tok_dir = reversal_corpus.parent / "reversal_tokenizers"
+def _reversal_figures(checkpoint: Path, corpus: Path) -> tuple[float, float, dict[int, float]]:
+    """(exact share, share of attention argmaxes on the anti-diagonal (within one word) of the
+    exact ones, exact share by string length) on the unseen test strings."""
+    tok_dir = corpus.parent / "reversal_tokenizers"
     tok = Tokenizer(tok_dir / "source.model", tok_dir / "target.model")
-    test = read_split(reversal_corpus / "test.jsonl")
-    train_sources = {p.src for p in read_split(reversal_corpus / "train.jsonl")}
+    test = read_split(corpus / "test.jsonl")
+    train_sources = {p.src for p in read_split(corpus / "train.jsonl")}
     unseen = [p for p in test if p.src not in train_sources]
     assert len(unseen) > 200
-    enc, hyps = _decode_all(reversal_checkpoint, tok, [p.src_raw for p in unseen])
-    exact = sum(tok.decode(h.tokens, ()) == p.tgt_raw for p, h in zip(unseen, hyps)) / len(unseen)
-    assert exact >= 0.98
+    enc, hyps = _decode_all(checkpoint, tok, [p.src_raw for p in unseen])
+    right = [tok.decode(h.tokens, ()) == p.tgt_raw for p, h in zip(unseen, hyps)]
     near = total = 0
-    for e, h, p in zip(enc, hyps, unseen):
+    by_length: dict[int, list[bool]] = {}
+    for e, h, p, ok in zip(enc, hyps, unseen, right):
+        n_words = len(p.src_raw.split())
+        by_length.setdefault(n_words, []).append(ok)
+        if not ok:
+            continue
         src_word = _word_of_piece(e.pieces)
         tgt_word = _word_of_piece(tok.target_pieces(h.tokens))
-        n_words = len(p.src_raw.split())
-        if tok.decode(h.tokens, ()) != p.tgt_raw:
-            continue
         for i, row in enumerate(h.attention[:-1]):  # the EOS step has no word
             argmax = int(torch.tensor(row).argmax())
             if argmax >= len(src_word):
                 continue  # attended to EOS
             near += abs(src_word[argmax] - (n_words - 1 - tgt_word[i])) <= 1
             total += 1
-    assert total > 0 and near / total >= 0.95
+    return (sum(right) / len(right), near / total if total else 0.0,
+            {n: sum(v) / len(v) for n, v in sorted(by_length.items())})
+
+
+@pytest.fixture(scope="module", params=["bahdanau", "luong-general", "luong-dot", "none"])
+def reversal_of_kind(request: pytest.FixtureRequest, reversal_checkpoint: Path, reversal_corpus: Path
+                     ) -> tuple[str, Path]:
+    """The sanity task learnt by each kind (RNNsearch's is the shared fixture)."""
+    from conftest import REVERSAL_MODEL
+
+    kind = request.param
+    if kind == "bahdanau":
+        return kind, reversal_checkpoint
+    config = dict(REVERSAL_MODEL, attention=kind)
+    if kind == "luong-dot":
+        config["dec_hidden_size"] = 2 * config["enc_hidden_size"]  # h_t . h_j
+    # Luong's models need more passes than RNNsearch's 8 (measured: 8 give 94-96 % exact; dot
+    # with a 64-unit decoder stays near 98 % at 16 or 20)
+    epochs = {"luong-general": 16, "luong-dot": 12}.get(kind, 8)
+    settings = train.TrainConfig(minutes=15, max_epochs=epochs, batch_tokens=1200, lr=3e-3, label_smoothing=0.0,
+                                 validate_minutes=0.5, bleu_slice=100, threads=1)
+    tok_dir = reversal_corpus.parent / "reversal_tokenizers"  # made by reversal_checkpoint
+    return kind, train.train(reversal_corpus, tok_dir, reversal_corpus.parent / f"reversal_run_{kind}",
+                             model_config=config, config=settings, log=lambda *_: None)
+
+
+def test_every_kind_learns_the_reversal_task(reversal_of_kind: tuple[str, Path], reversal_corpus: Path) -> None:
+    """The sanity task: reverse digit strings; with attention, it must follow the anti-diagonal.
+    RNNencdec (``none``) reads one fixed summary: it reverses short strings and fails long ones,
+    the seeds' central result (figures in the README)."""
+    kind, checkpoint = reversal_of_kind
+    exact, near, by_length = _reversal_figures(checkpoint, reversal_corpus)
+    print(f"{kind}: exact {exact:.3f}, anti-diagonal {near:.3f}, by length {by_length}")
+    if kind == "none":
+        short = np.mean([by_length[n] for n in by_length if n <= 5])
+        long = np.mean([by_length[n] for n in by_length if n >= 10])
+        assert short >= 0.9 and long <= short - 0.3, by_length
+        assert near < 0.9  # its attention output is zeros: argmax 0, not the anti-diagonal
+    else:
+        assert exact >= 0.98, by_length
+        assert near >= 0.95
 
 
 def _word_of_piece(pieces: list[str]) -> list[int]:
