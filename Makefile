@@ -69,6 +69,8 @@ DEBIAN_CORPUS_PACKAGES := a2ps=1:4.14-8 accountsservice=22.08.8-6 acl=2.3.1-3 ad
 	xfdesktop4-data=4.18.1-1 xfwm4=4.18.0-1 xkb-data=2.35.1-1 xz-utils=5.4.1-1+deb12u2 yelp=42.2-1+deb12u2
 BUILD := build
 TRAIN_MINUTES ?= 66
+# the decoder's attention: bahdanau (RNNsearch), luong-general, luong-dot, none (RNNencdec)
+ATTENTION ?= bahdanau
 
 LOADTEST_USERS ?= 8
 LOADTEST_TIME ?= 180
@@ -109,8 +111,9 @@ model: $(VENV)/.dev
 	$(BIN)/python -m export.debian_catalogs --output $(BUILD)/debian-packages $(DEBIAN_CORPUS_PACKAGES)
 	$(BIN)/nmt corpus --catalogs $(BUILD)/debian-packages $(BUILD)/corpus-packages --output $(BUILD)/corpus
 	$(BIN)/nmt tokenizers $(BUILD)/corpus --output $(BUILD)/tokenizers
-	$(BIN)/nmt train $(BUILD)/corpus --tokenizers $(BUILD)/tokenizers --output $(BUILD)/train --minutes $(TRAIN_MINUTES)
-	$(BIN)/nmt release $(BUILD)/train/best.pt models/en-fr/checkpoint-1.pt --force
+	$(BIN)/nmt train $(BUILD)/corpus --tokenizers $(BUILD)/tokenizers --output $(BUILD)/train-$(ATTENTION) \
+		--attention $(ATTENTION) --minutes $(TRAIN_MINUTES)
+	$(BIN)/nmt release $(BUILD)/train-$(ATTENTION)/best.pt models/en-fr/checkpoint-1.pt --force
 	$(BIN)/nmt evaluate models/en-fr/checkpoint-1.pt --corpus $(BUILD)/corpus --output $(BUILD)/eval
 	$(BIN)/nmt export models/en-fr/checkpoint-1.pt --output $(MODEL_REPOSITORY) --quantize int8 \
 		--test-split $(BUILD)/corpus/test.jsonl --quality $(BUILD)/eval/results.json --force

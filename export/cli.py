@@ -92,6 +92,8 @@ def train_main(argv: list[str]) -> int:
     p.add_argument("--batch-tokens", type=int, default=d.batch_tokens)
     p.add_argument("--lr", type=float, default=d.lr)
     p.add_argument("--validate-minutes", type=float, default=d.validate_minutes)
+    p.add_argument("--validate-steps", type=int, default=d.validate_steps,
+                   help="validate every this many steps instead of minutes (0: by minutes)")
     p.add_argument("--seed", type=int, default=d.seed)
     p.add_argument("--threads", type=int, default=d.threads)
     p.add_argument("--resume", type=Path, help="continue from a last.pt")
@@ -106,7 +108,8 @@ def train_main(argv: list[str]) -> int:
                     if getattr(args, k) is not None}
     config = train.TrainConfig(minutes=args.minutes, max_epochs=args.max_epochs,
                                batch_tokens=args.batch_tokens, lr=args.lr,
-                               validate_minutes=args.validate_minutes, seed=args.seed,
+                               validate_minutes=args.validate_minutes, validate_steps=args.validate_steps,
+                               seed=args.seed,
                                threads=args.threads)
     best = train.train(args.corpus, args.tokenizers, args.output, model_config=model_config,
                        config=config, resume=args.resume)

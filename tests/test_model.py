@@ -183,3 +183,26 @@ def test_release_halves_weights_and_drops_optimizer(model: RNNSearch, tmp_path: 
         full = model.encoder(src, lens)[0]
         half = shipped.model().encoder(src, lens)[0]
     torch.testing.assert_close(half, full, atol=5e-3, rtol=0)  # fp16 rounding only
+
+
+def test_token_logits_are_forward_on_the_real_positions(model: RNNSearch) -> None:
+    """The trainer's path (rows longest first, padding never computed) gives ``forward``'s
+    logits on every real target position, and only those."""
+    src, lens = _batch([4, 9, 6, 2], seed=5)
+    g = torch.Generator().manual_seed(6)
+    tgt_lengths = [3, 1, 6, 4]
+    tgt_out = torch.zeros(4, 6, dtype=torch.long)
+    for b, n in enumerate(tgt_lengths):
+        tgt_out[b, :n] = torch.randint(4, CONFIG.tgt_vocab_size, (n,), generator=g)
+    tgt_in = torch.zeros_like(tgt_out)
+    tgt_in[:, 0] = CONFIG.bos_id
+    tgt_in[:, 1:] = tgt_out[:, :-1]
+    tgt_in[tgt_out == 0] = 0
+    with torch.inference_mode():
+        full, _ = model(src, lens, tgt_in)
+        logits, targets = model.token_logits(src, lens, tgt_in, tgt_out)
+    assert len(targets) == sum(tgt_lengths) and bool((targets != 0).all())
+    order = sorted(range(4), key=lambda b: -tgt_lengths[b])
+    expected = [(b, i) for i in range(6) for b in order if i < tgt_lengths[b]]  # step-major
+    torch.testing.assert_close(logits, torch.stack([full[b, i] for b, i in expected]), atol=1e-5, rtol=0)
+    assert targets.tolist() == [int(tgt_out[b, i]) for b, i in expected]
