@@ -6,8 +6,8 @@
 Every model of a repository directory has its own scheduler and engine thread
 with its own ONNX Runtime sessions (``--threads`` intra-op threads each), so
 two models under load at once compete for the same cores. One ``nmt serve``
-process serves both (the directories are linked as ``a/1`` and ``b/1`` of a
-temporary repository); closed-loop gRPC clients (``bench_service.drive``)
+process serves both (as ``a/1`` and ``b/1`` of a temporary repository: the
+files copied, the manifests renamed); closed-loop gRPC clients (``bench_service.drive``)
 load, in alternating rounds: model a alone, model b alone, then both at once
 (``--concurrency`` clients on each). Reports texts/s of each model and the
 total (medians of the rounds) and writes ``loadtest/results/two_models.md``.
@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
+import shutil
 import statistics
 import sys
 import tempfile
@@ -73,8 +75,17 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         repo = Path(tmp) / "repo"
         for name, path in zip("ab", args.model):
-            (repo / name).mkdir(parents=True)
-            (repo / name / "1").symlink_to(path.resolve())
+            # the files copied (the server refuses a symlink out of its repository), the manifest
+            # under the name a or b (a version's manifest must name its directory; manifest.json
+            # itself has no checksum)
+            version = repo / name / "1"
+            version.mkdir(parents=True)
+            for file in path.resolve().iterdir():
+                if file.name != "manifest.json":
+                    shutil.copyfile(file, version / file.name)
+            raw = json.loads((path / "manifest.json").read_text())
+            raw.update(name=name, version="1")
+            (version / "manifest.json").write_text(json.dumps(raw))
         log = RESULTS.with_name("two_models_server.log")
         with ServerProcess(repo, log, "--precision", args.precision, "--threads", str(args.threads),
                            "--default-model", "a", startup_timeout=180) as server:
