@@ -146,3 +146,15 @@ def test_compare_writes_the_side_by_side_tables_and_figures(tiny_tokenizers: Pat
     systems["odd"] = _save_untrained(other, tmp_path / "odd.pt", **SIZES)
     with pytest.raises(ValueError, match="must share their SentencePiece models"):
         compare(systems, corpus, tmp_path / "out2", exclude_train=[], heatmaps=())
+
+
+def test_a_manifest_from_before_the_kinds_is_bahdanau_and_verifies(family: Path, tmp_path: Path) -> None:
+    from export.verify import verify_repository
+
+    repo = shutil.copytree(family / "bahdanau" / "1", tmp_path / "old" / "1")
+    raw = json.loads((repo / MANIFEST).read_text())
+    del raw["model_config"]["attention"]  # as en-fr/1's manifest
+    raw["checkpoint"] = {"file": str(family.parent / "bahdanau.pt"), "sha256": ""}
+    (repo / MANIFEST).write_text(json.dumps(raw))
+    assert load_manifest(repo).attention == "bahdanau"
+    assert verify_repository(repo, precision="fp32").ok
