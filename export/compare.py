@@ -135,8 +135,9 @@ def plot_bleu_by_length(results: dict, path: Path) -> None:
     plt.close(fig)
 
 
-def plot_attention(models: dict[str, RNNSearch], tok: Tokenizer, sentence: str, path: Path) -> dict[str, str]:
-    """One panel per attention system, each sized by its pieces; returns the translations."""
+def plot_attention(models: dict[str, tuple[RNNSearch, Tokenizer]], sentence: str, path: Path) -> dict[str, str]:
+    """One panel per attention system (each with its own pieces), sized by the sentence; returns
+    the translations."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -144,30 +145,29 @@ def plot_attention(models: dict[str, RNNSearch], tok: Tokenizer, sentence: str, 
 
     from export.evaluate import _label
 
-    enc = tok.encode(sentence)
-    src, lengths, _, _ = collate([(enc.ids, [tok.target.eos_id()])])
     panels = []
-    for name, model in models.items():
+    for name, (model, tok) in models.items():
+        enc = tok.encode(sentence)
+        src, lengths, _, _ = collate([(enc.ids, [tok.target.eos_id()])])
         hyp = greedy(model, src, lengths)[0]
-        panels.append((name, hyp, tok.decode(hyp.tokens, enc.placeholders)))
+        panels.append((name, hyp, tok.decode(hyp.tokens, enc.placeholders),
+                       [_label(p) for p in enc.pieces], [_label(p) for p in tok.target_pieces(hyp.tokens)] + ["</s>"]))
     cell = 0.42  # inches per source or target piece: labels never overlap
-    xlabels = [_label(p) for p in enc.pieces]
-    widths = max(4.5, 2.2 + cell * len(xlabels))
-    heights = [1.6 + cell * (len(h.tokens) + 1) for _, h, _ in panels]
-    fig, axes = plt.subplots(len(panels), 1, figsize=(widths, sum(heights) + 0.8),
+    width = max(4.5, 2.2 + cell * max(len(x) for *_, x, _ in panels))
+    heights = [1.6 + cell * len(y) for *_, y in panels]
+    fig, axes = plt.subplots(len(panels), 1, figsize=(width, sum(heights) + 0.8),
                              gridspec_kw={"height_ratios": heights}, squeeze=False)
-    for ax, (name, hyp, translation) in zip(axes[:, 0], panels):
-        ylabels = [_label(p) for p in tok.target_pieces(hyp.tokens)] + ["</s>"]
+    for ax, (name, hyp, translation, xlabels, ylabels) in zip(axes[:, 0], panels):
         ax.imshow(np.asarray(hyp.attention), cmap="gray_r", vmin=0, vmax=1, aspect="equal")
         ax.set_xticks(range(len(xlabels)), xlabels, rotation=60, ha="left", fontsize=9)
         ax.set_yticks(range(len(ylabels)), ylabels, fontsize=9)
         ax.xaxis.tick_top()
-        ax.set_xlabel("\n".join(textwrap.wrap(f"{name}: {translation}", 70)), fontsize=9)
+        ax.set_xlabel("\n".join(textwrap.wrap(f"{name}: {_label(translation)}", 70)), fontsize=9)
     fig.suptitle("\n".join(textwrap.wrap(sentence, 80)), fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
-    return {name: translation for name, _, translation in panels}
+    return {name: translation for name, _, translation, *_ in panels}
 
 
 def markdown(results: dict) -> str:
@@ -198,10 +198,6 @@ def compare(systems: dict[str, Path], corpus: Path, output: Path, *, exclude_tra
     torch.set_num_threads(threads)
     output.mkdir(parents=True, exist_ok=True)
     checkpoints = {name: load_checkpoint(path) for name, path in systems.items()}
-    tokenizers = {name: c.tokenizers for name, c in checkpoints.items()}
-    if len({tuple(sorted(t.items())) for t in tokenizers.values()}) > 1:
-        raise ValueError(f"systems {sorted(systems)} must share their SentencePiece models "
-                         "(the same pieces, the same sentences)")
     models = {name: c.model() for name, c in checkpoints.items()}
     excluded = set()
     for train in exclude_train:
@@ -213,10 +209,14 @@ def compare(systems: dict[str, Path], corpus: Path, output: Path, *, exclude_tra
                "metric": "sacreBLEU/chrF, detokenized, placeholders restored, PyTorch reference decoders",
                "systems": {}}
     with tempfile.TemporaryDirectory() as tmp:
-        for file, data in next(iter(tokenizers.values())).items():
-            (Path(tmp) / file).write_bytes(data)
-        tok = Tokenizer(Path(tmp) / "source.model", Path(tmp) / "target.model")
+        toks = {}  # each system with its own SentencePiece models (en-fr/1's are corpus v1's)
         for name, ckpt in checkpoints.items():
+            (Path(tmp) / name).mkdir()
+            for file, data in ckpt.tokenizers.items():
+                (Path(tmp) / name / file).write_bytes(data)
+            toks[name] = Tokenizer(Path(tmp) / name / "source.model", Path(tmp) / name / "target.model")
+        for name, ckpt in checkpoints.items():
+            tok = toks[name]
             r = {"checkpoint": str(systems[name]), "attention": ckpt.config.attention,
                  "parameters": models[name].num_parameters(), "train_state": ckpt.extra.get("train_state", {}),
                  "sets": {}}
@@ -240,11 +240,11 @@ def compare(systems: dict[str, Path], corpus: Path, output: Path, *, exclude_tra
             results["systems"][name] = r
         for name, ms in step_milliseconds(models, threads).items():
             results["systems"][name]["step_ms"] = ms
-        attending = {n: m for n, m in models.items() if has_attention(m.config.attention)}
+        attending = {n: (m, toks[n]) for n, m in models.items() if has_attention(m.config.attention)}
         results["heatmaps"] = []
         for k, sentence in enumerate(heatmaps):
             if attending:
-                translations = plot_attention(attending, tok, sentence, output / f"attention-{k}.png")
+                translations = plot_attention(attending, sentence, output / f"attention-{k}.png")
                 results["heatmaps"].append({"file": f"attention-{k}.png", "source": sentence,
                                             "translations": translations})
     plot_bleu_by_length(results, output / "bleu-by-length.png")

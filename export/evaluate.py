@@ -143,7 +143,8 @@ def heatmap(model: RNNSearch, tok: Tokenizer, sentence: str, path: Path) -> str:
 
 def _label(piece: str) -> str:
     """Reserved placeholder tokens drawn as <phK> (the plot font has no ｟ ｠)."""
-    return piece.replace("\uff5f", "<ph").replace("\uff60", ">")
+    # (and their NFKC forms, U+2985 and U+2986, which SentencePiece's normalizer may leave)
+    return piece.replace("\uff5f", "<ph").replace("\uff60", ">").replace("\u2985", "<ph").replace("\u2986", ">")
 
 
 def markdown(results: dict) -> str:

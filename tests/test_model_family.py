@@ -14,6 +14,7 @@ import onnx
 import pytest
 
 from conftest import _save_untrained
+from export import tokenizers
 from export.onnx_export import GRAPHS, export_repository
 from harness import ServerThread, config_for
 from service.decoding.engine import Engine
@@ -140,21 +141,10 @@ def test_compare_writes_the_side_by_side_tables_and_figures(tiny_tokenizers: Pat
     for png in ("bleu-by-length.png", "attention-0.png"):
         assert (tmp_path / "out" / png).read_bytes()[:4] == b"\x89PNG"
     assert "| bahdanau | bahdanau |" in (tmp_path / "out" / "comparison.md").read_text()
-    other = tmp_path / "other_tokenizers"
-    shutil.copytree(tiny_tokenizers, other)
-    (other / "target.model").write_bytes((tiny_tokenizers / "source.model").read_bytes())
-    systems["odd"] = _save_untrained(other, tmp_path / "odd.pt", **SIZES)
-    with pytest.raises(ValueError, match="must share their SentencePiece models"):
-        compare(systems, corpus, tmp_path / "out2", exclude_train=[], heatmaps=())
-
-
-def test_a_manifest_from_before_the_kinds_is_bahdanau_and_verifies(family: Path, tmp_path: Path) -> None:
-    from export.verify import verify_repository
-
-    repo = shutil.copytree(family / "bahdanau" / "1", tmp_path / "old" / "1")
-    raw = json.loads((repo / MANIFEST).read_text())
-    del raw["model_config"]["attention"]  # as en-fr/1's manifest
-    raw["checkpoint"] = {"file": str(family.parent / "bahdanau.pt"), "sha256": ""}
-    (repo / MANIFEST).write_text(json.dumps(raw))
-    assert load_manifest(repo).attention == "bahdanau"
-    assert verify_repository(repo, precision="fp32").ok
+    other = tmp_path / "other_tokenizers"  # a system with other SentencePiece models (en-fr/1 beside v2's)
+    tokenizers.train(corpus, other, src_vocab_size=70, tgt_vocab_size=70)
+    systems["other"] = _save_untrained(other, tmp_path / "other.pt", **SIZES)
+    again = compare(systems, corpus, tmp_path / "out2", exclude_train=[], heatmaps=("Open the file",),
+                    log=lambda *_: None)
+    assert again["systems"]["other"]["sets"]["test"]["beam5"]["sentences"] == written["sentences"]["test"]
+    assert set(again["heatmaps"][0]["translations"]) == {"bahdanau", "other"}
