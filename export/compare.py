@@ -28,7 +28,6 @@ import argparse
 import json
 import statistics
 import tempfile
-import textwrap
 import time
 from pathlib import Path
 
@@ -38,10 +37,8 @@ import torch
 
 from export.checkpoint import load_checkpoint
 from export.corpus import Pair, read_split
-from export.evaluate import decode, letters
+from export.evaluate import decode, letters, plot_attention
 from export.model import RNNSearch
-from export.search import greedy
-from export.train import collate
 from service.models.attention import has_attention
 from service.text.tokenizer import Tokenizer
 
@@ -68,12 +65,12 @@ def bleu_chrf(hyps: list[str], refs: list[str]) -> dict:
             "chrf": round(sacrebleu.corpus_chrf(hyps, [refs]).score, 2), "sentences": len(hyps)}
 
 
-def held_out(corpus: Path, excluded: set[str]) -> dict[str, list[Pair]]:
-    """The test split and the long set, without any source a system trained on (by letters)."""
+def held_out(corpus: Path) -> dict[str, list[Pair]]:
+    """The test split and, when the corpus has one, the long set."""
     sets = {"test": read_split(corpus / "test.jsonl")}
     if (corpus / "long.jsonl").exists():
         sets["long"] = read_split(corpus / "long.jsonl")
-    return {name: [p for p in pairs if letters(p.src) not in excluded] for name, pairs in sets.items()}
+    return sets
 
 
 def step_milliseconds(models: dict[str, RNNSearch], threads: int = 2) -> dict[str, float]:
@@ -135,41 +132,6 @@ def plot_bleu_by_length(results: dict, path: Path) -> None:
     plt.close(fig)
 
 
-def plot_attention(models: dict[str, tuple[RNNSearch, Tokenizer]], sentence: str, path: Path) -> dict[str, str]:
-    """One panel per attention system (each with its own pieces), sized by the sentence; returns
-    the translations."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    from export.evaluate import _label
-
-    panels = []
-    for name, (model, tok) in models.items():
-        enc = tok.encode(sentence)
-        src, lengths, _, _ = collate([(enc.ids, [tok.target.eos_id()])])
-        hyp = greedy(model, src, lengths)[0]
-        panels.append((name, hyp, tok.decode(hyp.tokens, enc.placeholders),
-                       [_label(p) for p in enc.pieces], [_label(p) for p in tok.target_pieces(hyp.tokens)] + ["</s>"]))
-    cell = 0.42  # inches per source or target piece: labels never overlap
-    width = max(4.5, 2.2 + cell * max(len(x) for *_, x, _ in panels))
-    heights = [1.6 + cell * len(y) for *_, y in panels]
-    fig, axes = plt.subplots(len(panels), 1, figsize=(width, sum(heights) + 0.8),
-                             gridspec_kw={"height_ratios": heights}, squeeze=False)
-    for ax, (name, hyp, translation, xlabels, ylabels) in zip(axes[:, 0], panels):
-        ax.imshow(np.asarray(hyp.attention), cmap="gray_r", vmin=0, vmax=1, aspect="equal")
-        ax.set_xticks(range(len(xlabels)), xlabels, rotation=60, ha="left", fontsize=9)
-        ax.set_yticks(range(len(ylabels)), ylabels, fontsize=9)
-        ax.xaxis.tick_top()
-        ax.set_xlabel("\n".join(textwrap.wrap(f"{name}: {_label(translation)}", 70)), fontsize=9)
-    fig.suptitle("\n".join(textwrap.wrap(sentence, 80)), fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return {name: translation for name, _, translation, *_ in panels}
-
-
 def markdown(results: dict) -> str:
     systems = results["systems"]
     sets = list(next(iter(systems.values()))["sets"])
@@ -202,10 +164,12 @@ def compare(systems: dict[str, Path], corpus: Path, output: Path, *, exclude_tra
     excluded = set()
     for train in exclude_train:
         excluded |= {letters(p.src) for p in read_split(train)}
-    all_sets = held_out(corpus, set())
-    sets = {name: pairs[:max_sentences] for name, pairs in held_out(corpus, excluded).items()}
+    # without any source a system trained on (by letters)
+    all_sets = held_out(corpus)
+    kept = {name: [p for p in pairs if letters(p.src) not in excluded] for name, pairs in all_sets.items()}
+    sets = {name: pairs[:max_sentences] for name, pairs in kept.items()}
     results = {"corpus": str(corpus), "sentences": {s: len(p) for s, p in sets.items()},
-               "left_out": sum(len(all_sets[s]) - len(held_out(corpus, excluded)[s]) for s in sets),
+               "left_out": sum(len(all_sets[s]) - len(kept[s]) for s in sets),
                "metric": "sacreBLEU/chrF, detokenized, placeholders restored, PyTorch reference decoders",
                "systems": {}}
     with tempfile.TemporaryDirectory() as tmp:

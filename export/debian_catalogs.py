@@ -18,7 +18,6 @@ holds exactly the pinned set: ``nmt corpus --catalogs <output>`` reads it.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import re
 import shutil
@@ -34,6 +33,7 @@ from export.catalogs import (
     CorpusError,
     debian_license,
 )
+from service.models.manifest import sha256_file
 
 _SPEC = re.compile(r"^([a-z0-9][a-z0-9+.-]+)=([0-9A-Za-z.+~:-]+)$")
 _WANTED = re.compile(rf"(^|/)({'|'.join(LANGUAGE_DIRS)})/LC_MESSAGES/[^/]+\.(mo|po)$")
@@ -117,14 +117,6 @@ def unpack(deb: Path, target: Path) -> str | None:
     return doc_link
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
 def fetch(specs: list[str], output: Path, debs: Path | None = None, log=print) -> list[dict]:
     """Download and unpack the pinned packages; returns their ``debian-package.json`` records."""
     pins = parse_specs(specs)
@@ -148,7 +140,7 @@ def fetch(specs: list[str], output: Path, debs: Path | None = None, log=print) -
         links[name] = unpack(files[name], target)
         records.append({"package": name, "version": version, "source": fields["Source"],
                         "architecture": fields.get("Architecture", ""), "deb": files[name].name,
-                        "sha256": _sha256(files[name])})
+                        "sha256": sha256_file(files[name])})
     for r in records:
         own = output / r["package"] / "usr/share/doc" / r["package"] / "copyright"
         if not own.is_file() and links[r["package"]]:  # doc directory is a link to another package's

@@ -69,6 +69,14 @@ def make_batches(data: list[Example], batch_tokens: int, rng: random.Random) -> 
     by source length alone, a batch's targets differ in length, the longest fills the budget
     and a batch held about 130 sentences instead of about 210 (corpus v2, 3,000 tokens)."""
     order = sorted(range(len(data)), key=lambda i: (padded_length(data[i]) + rng.random() * 2, len(data[i][1])))
+    batches = pack_batches(data, order, batch_tokens)
+    rng.shuffle(batches)
+    return batches
+
+
+def pack_batches(data: list[Example], order: list[int], batch_tokens: int) -> list[list[int]]:
+    """``order`` cut into consecutive batches whose rows x longest ``padded_length`` stay within
+    ``batch_tokens``."""
     batches, cur, longest = [], [], 0
     for i in order:
         n = padded_length(data[i])
@@ -77,10 +85,7 @@ def make_batches(data: list[Example], batch_tokens: int, rng: random.Random) -> 
             cur, longest = [], 0
         cur.append(i)
         longest = max(longest, n)
-    if cur:
-        batches.append(cur)
-    rng.shuffle(batches)
-    return batches
+    return batches + [cur] if cur else batches
 
 
 def collate(examples: list[Example]) -> tuple[torch.Tensor, ...]:

@@ -37,7 +37,7 @@ import torch.nn.functional as F
 
 from export.corpus import read_split
 from export.model import ModelConfig, RNNSearch
-from export.train import TrainConfig, collate, encode_pairs, make_batches, padded_length
+from export.train import TrainConfig, collate, encode_pairs, make_batches, pack_batches
 from service.text.tokenizer import PAD_ID, Tokenizer
 
 RESULTS = Path(__file__).parent / "results" / "train_speed.md"
@@ -59,15 +59,7 @@ def real_loss(model: RNNSearch, batch) -> tuple[torch.Tensor, int]:
 def source_batches(data: list, batch_tokens: int, rng: random.Random) -> list[list[int]]:
     """The batching of en-fr/1's trainer: grouped by source length (with noise)."""
     order = sorted(range(len(data)), key=lambda i: (len(data[i][0]) + rng.random() * 2, len(data[i][1])))
-    batches, cur, longest = [], [], 0
-    for i in order:
-        n = padded_length(data[i])
-        if cur and max(longest, n) * (len(cur) + 1) > batch_tokens:
-            batches.append(cur)
-            cur, longest = [], 0
-        cur.append(i)
-        longest = max(longest, n)
-    return batches + [cur] if cur else batches
+    return pack_batches(data, order, batch_tokens)
 
 
 WAYS = {"before": (source_batches, "padded"), "real only": (source_batches, "real"),

@@ -27,14 +27,10 @@ KINDS = ("bahdanau", "luong-general", "luong-dot", "none")
 DEFAULT = "bahdanau"
 
 
-class AttentionKindError(ValueError):
-    """An attention kind this code does not know: names the value and the choices."""
-
-
 def check_kind(value: Any, where: str = "attention") -> str:
-    """``value`` if it is a known kind, else one line naming it and the choices."""
+    """``value`` if it is a known kind, else a one-line ValueError naming it and the choices."""
     if value not in KINDS:
-        raise AttentionKindError(f"{where} must be one of {', '.join(KINDS)}; got {value!r}")
+        raise ValueError(f"{where} must be one of {', '.join(KINDS)}; got {value!r}")
     return value
 
 
