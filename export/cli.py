@@ -89,6 +89,9 @@ def train_main(argv: list[str]) -> int:
     p.add_argument("--output", "-o", type=Path, required=True, help="run directory (best.pt, last.pt)")
     p.add_argument("--minutes", type=float, default=d.minutes, help="time budget")
     p.add_argument("--max-epochs", type=int, default=d.max_epochs)
+    p.add_argument("--max-steps", type=int, default=d.max_steps,
+                   help="stop after this many updates (0: no step limit); a budget that CPU sharing "
+                        "does not change, for comparing runs")
     p.add_argument("--batch-tokens", type=int, default=d.batch_tokens)
     p.add_argument("--lr", type=float, default=d.lr)
     p.add_argument("--validate-minutes", type=float, default=d.validate_minutes)
@@ -106,7 +109,7 @@ def train_main(argv: list[str]) -> int:
     model_config = {k: getattr(args, k) for k in ("emb_size", "enc_hidden_size", "dec_hidden_size",
                                                   "attn_size", "out_size", "dropout", "attention")
                     if getattr(args, k) is not None}
-    config = train.TrainConfig(minutes=args.minutes, max_epochs=args.max_epochs,
+    config = train.TrainConfig(minutes=args.minutes, max_epochs=args.max_epochs, max_steps=args.max_steps,
                                batch_tokens=args.batch_tokens, lr=args.lr,
                                validate_minutes=args.validate_minutes, validate_steps=args.validate_steps,
                                seed=args.seed,

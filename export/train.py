@@ -32,6 +32,7 @@ class TrainConfig:
 
     minutes: float = 60.0  # wall-clock budget; training stops after it
     max_epochs: int = 1000
+    max_steps: int = 0  # if > 0, stop after this many updates (a budget that does not depend on CPU sharing)
     batch_tokens: int = 3000  # padded target tokens per batch
     max_len: int = 100  # pairs with longer source or target (pieces) are skipped
     lr: float = 1e-3
@@ -164,7 +165,7 @@ def _start(tok: Tokenizer, model_config: dict | None, config: TrainConfig, resum
 
 def train(corpus_dir: Path, tokenizer_dir: Path, out_dir: Path, *, model_config: dict | None = None,
           config: TrainConfig = TrainConfig(), resume: Path | None = None, log=print) -> Path:
-    """Train until the time budget or epoch limit; returns the best checkpoint's path."""
+    """Train until the time budget, the step budget or the epoch limit; returns the best checkpoint's path."""
     torch.set_num_threads(config.threads)
     random.seed(config.seed)
     torch.manual_seed(config.seed)
@@ -214,7 +215,8 @@ def train(corpus_dir: Path, tokenizer_dir: Path, out_dir: Path, *, model_config:
             tokens_seen += n
             bar.set_postfix(loss=f"{loss.item() / n:.3f}",
                             tok_s=f"{tokens_seen / (time.monotonic() - t0):.0f}", refresh=False)
-            out_of_time = time.monotonic() - start > config.minutes * 60
+            out_of_time = (time.monotonic() - start > config.minutes * 60
+                           or 0 < config.max_steps <= state["step"])
             if out_of_time:
                 break
             due = (state["step"] % config.validate_steps == 0 if config.validate_steps

@@ -20,6 +20,7 @@ import asyncio
 import ctypes
 import gc
 import logging
+import os
 import time
 from dataclasses import dataclass
 from typing import Any, Sequence
@@ -52,9 +53,28 @@ class Model:
         return f"{self.manifest.name}/{self.manifest.version}"
 
 
-def make_engine(config: ServeConfig, d: VersionDir) -> Engine:
+def cores() -> int:
+    """The CPUs this process may run on (a container's CPU set, not the host's count)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # no sched_getaffinity (macOS)
+        return os.cpu_count() or 1
+
+
+def engine_threads(config: ServeConfig, models: int) -> int | None:
+    """Intra-op threads for each of ``models`` engines: ``--threads`` when set; else ONNX Runtime's
+    default (one per core) for one model, and the cores divided among several, at least one each.
+    Measured (``loadtest/results/two_models.md``): two engines of 2 spinning threads on 2 cores
+    serve 0.61x of one model alone, of 1 thread each 1.19x."""
+    if config.threads:
+        return config.threads
+    return None if models <= 1 else max(1, cores() // models)
+
+
+def make_engine(config: ServeConfig, d: VersionDir, *, models: int = 1) -> Engine:
     """The engine of one model version directory (checksums verified; in a ``<name>/<version>/``
-    directory, the manifest must name that model and version)."""
+    directory, the manifest must name that model and version), one of ``models`` served at once
+    (``engine_threads``)."""
     from service.decoding.engine import Engine as OnnxEngine
 
     manifest = load_manifest(d.path)
@@ -62,9 +82,11 @@ def make_engine(config: ServeConfig, d: VersionDir) -> Engine:
         raise ModelRepositoryError(f"{d.path}: the manifest says {manifest.name}/{manifest.version}, "
                                    f"the directory {d.ref}")
     precision, why = manifest.default_precision() if config.precision == "auto" else (config.precision, "asked")
-    log.info("%s/%s: %s graphs (%s)", manifest.name, manifest.version, precision, why)
+    threads = engine_threads(config, models)
+    log.info("%s/%s: %s graphs (%s), intra-op threads: %s", manifest.name, manifest.version, precision, why,
+             threads or "ONNX Runtime's default (one per core)")
     engine = OnnxEngine(manifest, precision=precision, provider=config.provider,
-                        intra_op_threads=config.threads or None, limits=config.limits,
+                        intra_op_threads=threads, limits=config.limits,
                         decoder_spinning=config.decoder_spinning)
     check_engine(engine, precision)
     return engine
@@ -91,7 +113,7 @@ def load_engines(config: ServeConfig) -> list[Engine]:
                                    "<name>/<version>/ below it")
     if config.model_versions == "latest" and dirs[0].name:
         dirs = latest(dirs)
-    return [make_engine(config, d) for d in dirs]
+    return [make_engine(config, d, models=len(dirs)) for d in dirs]
 
 
 def release_memory() -> None:
@@ -213,7 +235,10 @@ class ServedModels:
         self._attempts[d.ref] = d.signature()
         model = None
         try:
-            engine = await asyncio.to_thread(make_engine, self.config, d)
+            # engines already serving keep their threads; the new one takes its share of the cores
+            models = 1 + sum(1 for m in self._loaded.values()
+                             if not (self.config.model_versions == "latest" and m.manifest.name == d.name))
+            engine = await asyncio.to_thread(make_engine, self.config, d, models=models)
             model = Model(engine.manifest, engine, Scheduler(engine, self.config.scheduler, metrics=self.metrics))
             model.scheduler.start()
             await asyncio.wait_for(self._warm(model), WARMUP_SECONDS)

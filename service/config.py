@@ -61,7 +61,7 @@ class ServeConfig:
     metrics_port: int  # Prometheus /metrics port (0 = any free port)
     precision: str  # graph variant: "fp32", "int8", or "auto" (each model's measured choice)
     provider: str  # ONNX Runtime provider: "cpu" or "cuda"
-    threads: int  # ONNX Runtime intra-op threads (0 = its default)
+    threads: int  # ONNX Runtime intra-op threads per engine (0: the cores, divided among the models served)
     decoder_spinning: bool  # decoder-step thread pool spins between operators (see service.decoding.runtime)
     scheduler: SchedulerConfig  # batching budgets and admission control
     limits: Limits  # per-request limits
@@ -139,7 +139,8 @@ FLAGS: list[tuple[str, Callable[[str], object], object, str]] = [
     ("--precision", _choice("auto", "fp32", "int8"), "auto",
      "graph precision; auto: int8 where the model's manifest shows it within 0.3 BLEU of fp32"),
     ("--provider", _choice("cpu", "cuda"), "cpu", "ONNX Runtime execution provider"),
-    ("--threads", _int_at_least(0), 0, "ONNX Runtime intra-op threads (0 = its default)"),
+    ("--threads", _int_at_least(0), 0, "ONNX Runtime intra-op threads per model's engine (0 = the "
+     "cores for one model, divided among several)"),
     ("--decoder-spinning", _choice("on", "off"), "on",
      "decoder-step pool threads spin between operators (faster steps; off frees CPU between steps)"),
     ("--max-rows", _int_at_least(1), _DEFAULTS.max_rows, "decoder rows per step"),

@@ -89,6 +89,22 @@ def test_kinds_are_served_together_and_none_refuses_alignments(family: Path) -> 
         assert s.api.Translate(pb.TranslateRequest(texts=TEXTS[:1], model="none"), timeout=60).translations
 
 
+def test_engines_of_several_models_divide_the_cores_unless_threads_is_set(family: Path, monkeypatch) -> None:
+    from service import app
+
+    def threads(config) -> list[list[int]]:
+        return [[s.get_session_options().intra_op_num_threads for s in (e.runtime.encoder, e.runtime.decoder)]
+                for e in app.load_engines(config)]
+
+    monkeypatch.setattr(app, "cores", lambda: 8)
+    assert threads(config_for(family)) == [[2, 2]] * 4  # 8 cores, 4 models
+    assert threads(config_for(family, "--threads", "3")) == [[3, 3]] * 4  # asked: as asked
+    assert threads(config_for(family / "none" / "1")) == [[0, 0]]  # one model: ONNX Runtime's default
+    monkeypatch.setattr(app, "cores", lambda: 2)
+    assert threads(config_for(family)) == [[1, 1]] * 4  # never below one
+    assert app.engine_threads(config_for(family), 2) == 1
+
+
 def test_a_manifest_naming_an_unknown_kind_is_one_line(family: Path, tmp_path: Path) -> None:
     repo = shutil.copytree(family / "luong-general" / "1", tmp_path / "x" / "1")
     raw = json.loads((repo / MANIFEST).read_text())

@@ -190,3 +190,23 @@ def test_poll_and_sighup_rescan(repo: Path, reversal_repository: Path, tmp_path:
                    what="version 3 by polling", process=poller)
     finally:
         poller.stop()
+
+
+def test_a_model_added_later_takes_its_share_of_the_cores(repo: Path, reversal_repository: Path,
+                                                         monkeypatch) -> None:
+    from service import app
+
+    monkeypatch.setattr(app, "cores", lambda: 8)
+
+    def threads(server: ServerThread) -> dict[str, int]:
+        return {m.ref: m.engine.runtime.decoder.get_session_options().intra_op_num_threads
+                for m in server.app.models.all}
+
+    with ServerThread(config_for(repo)) as server:
+        assert threads(server) == {"reversal/1": 0}  # alone: ONNX Runtime's default, one per core
+        add_version(reversal_repository, repo, "1", name="other")
+        rescan(server)
+        assert threads(server) == {"reversal/1": 0, "other/1": 4}  # the newcomer: 8 cores / 2 models
+        add_version(reversal_repository, repo, "2")  # replaces reversal/1 (latest): still 2 models
+        rescan(server)
+        assert threads(server) == {"reversal/2": 4, "other/1": 4}

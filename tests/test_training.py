@@ -60,6 +60,23 @@ def test_resume_continues_from_checkpoint(tiny_corpus: Path, tiny_tokenizers: Pa
     assert second.config == first.config
 
 
+def test_step_budget_stops_at_that_update_and_resume_finishes_it(tiny_corpus: Path, tiny_tokenizers: Path,
+                                                               tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    cfg = train.TrainConfig(minutes=5, max_epochs=100, max_steps=7, batch_tokens=300, validate_steps=3)
+    logs: list[str] = []
+    train.train(tiny_corpus, tiny_tokenizers, run, model_config=SMALL, config=cfg, log=logs.append)
+    assert load_checkpoint(run / "last.pt").extra["train_state"]["step"] == 7
+    assert [line.split()[1] for line in logs if line.startswith("step ")] == ["3", "6", "7"]
+    # a run cut at update 6 (its last.pt) resumed with the same budget ends at the same update
+    train.train(tiny_corpus, tiny_tokenizers, tmp_path / "short", model_config=SMALL,
+                config=train.TrainConfig(minutes=5, max_epochs=100, max_steps=6, batch_tokens=300,
+                                         validate_steps=3), log=lambda *_: None)
+    train.train(tiny_corpus, tiny_tokenizers, tmp_path / "short", config=cfg,
+                resume=tmp_path / "short" / "last.pt", log=lambda *_: None)
+    assert load_checkpoint(tmp_path / "short" / "last.pt").extra["train_state"]["step"] == 7
+
+
 def _reversal_figures(checkpoint: Path, corpus: Path) -> tuple[float, float, dict[int, float]]:
     """(exact share, share of attention argmaxes on the anti-diagonal (within one word) of the
     exact ones, exact share by string length) on the unseen test strings."""
