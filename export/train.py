@@ -160,6 +160,8 @@ def _start(tok: Tokenizer, model_config: dict | None, config: TrainConfig, resum
     if ckpt is not None and "optimizer" in ckpt.extra:
         opt.load_state_dict(ckpt.extra["optimizer"])
         sched.load_state_dict(ckpt.extra["scheduler"])
+    if ckpt is not None and "torch_rng_state" in ckpt.extra:
+        torch.set_rng_state(ckpt.extra["torch_rng_state"])  # dropout continues as uninterrupted
     return model, opt, sched, state
 
 
@@ -184,7 +186,8 @@ def train(corpus_dir: Path, tokenizer_dir: Path, out_dir: Path, *, model_config:
     def checkpoint(path: Path) -> None:
         save_checkpoint(path, model, sp_files, extra={
             "train_config": asdict(config), "train_state": dict(state),
-            "optimizer": opt.state_dict(), "scheduler": sched.state_dict()})
+            "optimizer": opt.state_dict(), "scheduler": sched.state_dict(),
+            "torch_rng_state": torch.get_rng_state()})
 
     def validate_and_save() -> None:
         state["elapsed"] = time.monotonic() - start
@@ -201,17 +204,26 @@ def train(corpus_dir: Path, tokenizer_dir: Path, out_dir: Path, *, model_config:
             f"valid loss {v_loss:.3f} ppl {math.exp(v_loss):.1f} greedy BLEU {v_bleu:.2f}"
             f"{' (best)' if improved else ''} lr {opt.param_groups[0]['lr']:.2e}")
 
+    # The batch order of an uninterrupted run: one generator from the seed, epoch after epoch.
+    # A resumed run replays the orders of the epochs done and skips the batches of its current
+    # epoch already trained, so with the saved dropout generator, killed and resumed at a
+    # validation it is the same run (tests/test_training.py).
+    rng, done = random.Random(config.seed), 0
+    for _ in range(state["epoch"]):
+        done += len(make_batches(train_data, config.batch_tokens, rng))
+    state["epoch_step"] = max(0, state.get("epoch_step", state["step"] - done))  # derived: older checkpoints
     start, last_valid = time.monotonic() - state["elapsed"], time.monotonic()
     model.train()
-    rng = random.Random(config.seed + state["epoch"])
     out_of_time = False
     while not out_of_time and state["epoch"] < config.max_epochs:
         batches = make_batches(train_data, config.batch_tokens, rng)
-        bar = tqdm(batches, desc=f"epoch {state['epoch'] + 1}", mininterval=10, leave=False)
+        bar = tqdm(batches[state["epoch_step"]:], desc=f"epoch {state['epoch'] + 1}", mininterval=10,
+                   leave=False, initial=state["epoch_step"], total=len(batches))
         tokens_seen, t0 = 0, time.monotonic()
         for idx in bar:
             loss, n = _update(model, opt, collate([train_data[i] for i in idx]), config)
             state["step"] += 1
+            state["epoch_step"] += 1
             tokens_seen += n
             bar.set_postfix(loss=f"{loss.item() / n:.3f}",
                             tok_s=f"{tokens_seen / (time.monotonic() - t0):.0f}", refresh=False)
@@ -226,5 +238,6 @@ def train(corpus_dir: Path, tokenizer_dir: Path, out_dir: Path, *, model_config:
                 last_valid = time.monotonic()
         else:
             state["epoch"] += 1
+            state["epoch_step"] = 0
     validate_and_save()  # the final weights always get a validation (and best.pt a candidate)
     return out_dir / "best.pt"

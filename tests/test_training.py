@@ -60,21 +60,33 @@ def test_resume_continues_from_checkpoint(tiny_corpus: Path, tiny_tokenizers: Pa
     assert second.config == first.config
 
 
-def test_step_budget_stops_at_that_update_and_resume_finishes_it(tiny_corpus: Path, tiny_tokenizers: Path,
-                                                               tmp_path: Path) -> None:
-    run = tmp_path / "run"
-    cfg = train.TrainConfig(minutes=5, max_epochs=100, max_steps=7, batch_tokens=300, validate_steps=3)
-    logs: list[str] = []
-    train.train(tiny_corpus, tiny_tokenizers, run, model_config=SMALL, config=cfg, log=logs.append)
-    assert load_checkpoint(run / "last.pt").extra["train_state"]["step"] == 7
-    assert [line.split()[1] for line in logs if line.startswith("step ")] == ["3", "6", "7"]
-    # a run cut at update 6 (its last.pt) resumed with the same budget ends at the same update
-    train.train(tiny_corpus, tiny_tokenizers, tmp_path / "short", model_config=SMALL,
-                config=train.TrainConfig(minutes=5, max_epochs=100, max_steps=6, batch_tokens=300,
-                                         validate_steps=3), log=lambda *_: None)
-    train.train(tiny_corpus, tiny_tokenizers, tmp_path / "short", config=cfg,
-                resume=tmp_path / "short" / "last.pt", log=lambda *_: None)
-    assert load_checkpoint(tmp_path / "short" / "last.pt").extra["train_state"]["step"] == 7
+def test_step_budget_and_a_run_killed_and_resumed_is_the_same_run(tiny_corpus: Path, tiny_tokenizers: Path,
+                                                                  tmp_path: Path) -> None:
+    """A budget of updates stops at that update; a run stopped at a validation (a kill leaves the
+    last.pt of its last validation) and resumed gives the same weights, bit for bit, as one never
+    stopped: the same batches in the same order (the epoch in progress continues where it was) and
+    the same dropout masks."""
+    sizes = dict(SMALL, dropout=0.3)
+
+    def run(name: str, steps: int, resume: bool = False) -> tuple[dict, list[str]]:
+        logs: list[str] = []
+        out = tmp_path / name
+        train.train(tiny_corpus, tiny_tokenizers, out, model_config=None if resume else sizes,
+                    config=train.TrainConfig(minutes=5, max_epochs=100, max_steps=steps, batch_tokens=300,
+                                             validate_steps=3), resume=out / "last.pt" if resume else None,
+                    log=logs.append)
+        ckpt = load_checkpoint(out / "last.pt")
+        return ckpt.weights | {"_state": ckpt.extra["train_state"]}, logs
+
+    whole, logs = run("whole", 10)
+    assert whole["_state"]["step"] == 10 and whole["_state"]["epoch"] >= 2  # crosses epochs
+    assert [line.split()[1] for line in logs if line.startswith("step ")] == ["3", "6", "9", "10"]
+    run("cut", 6)  # stopped at its validation of update 6, in the middle of an epoch
+    resumed, _ = run("cut", 10, resume=True)
+    assert resumed["_state"]["step"] == 10 and resumed["_state"]["epoch"] == whole["_state"]["epoch"]
+    for name, tensor in whole.items():
+        if name != "_state":
+            assert torch.equal(tensor, resumed[name]), name
 
 
 def _reversal_figures(checkpoint: Path, corpus: Path) -> tuple[float, float, dict[int, float]]:
