@@ -20,9 +20,11 @@ import asyncio
 import ctypes
 import gc
 import logging
+import math
 import os
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Sequence
 
 from service.config import ServeConfig
@@ -53,22 +55,44 @@ class Model:
         return f"{self.manifest.name}/{self.manifest.version}"
 
 
-def cores() -> int:
-    """The CPUs this process may run on (a container's CPU set, not the host's count)."""
+def cpu_quota(cgroup: Path = Path("/sys/fs/cgroup")) -> int | None:
+    """The CPU limit of this process's container (cgroup v2 ``cpu.max``, else v1's CFS quota),
+    rounded up to whole cores; None without one. ONNX Runtime does not read it: left to its
+    default, a pod limited to 2 cores of a 64-core node runs 64 threads and is throttled."""
     try:
-        return len(os.sched_getaffinity(0))
+        quota, period = (cgroup / "cpu.max").read_text().split()[:2]
+        return None if quota == "max" else max(1, math.ceil(int(quota) / int(period)))
+    except (OSError, ValueError):
+        pass
+    try:
+        quota = int((cgroup / "cpu" / "cpu.cfs_quota_us").read_text())
+        period = int((cgroup / "cpu" / "cpu.cfs_period_us").read_text())
+        return max(1, math.ceil(quota / period)) if quota > 0 and period > 0 else None
+    except (OSError, ValueError):
+        return None
+
+
+def cores() -> tuple[int, bool]:
+    """The cores this process may use, and whether a container's CPU limit set them: its CPU set
+    (not the host's count), capped by ``cpu_quota``."""
+    try:
+        allowed = len(os.sched_getaffinity(0))
     except AttributeError:  # no sched_getaffinity (macOS)
-        return os.cpu_count() or 1
+        allowed = os.cpu_count() or 1
+    quota = cpu_quota()
+    return (quota, True) if quota is not None and quota < allowed else (allowed, False)
 
 
 def engine_threads(config: ServeConfig, models: int) -> int | None:
-    """Intra-op threads for each of ``models`` engines: ``--threads`` when set; else ONNX Runtime's
-    default (one per core) for one model, and the cores divided among several, at least one each.
-    Measured (``loadtest/results/two_models.md``): two engines of 2 spinning threads on 2 cores
-    serve 0.61x of one model alone, of 1 thread each 1.19x."""
+    """Intra-op threads for each of ``models`` engines: ``--threads`` when set; else the cores
+    divided among the models, at least one each, and for one model without a CPU limit ONNX
+    Runtime's own default (a thread per physical core). Measured
+    (``loadtest/results/two_models.md``): two engines of 2 spinning threads on 2 cores serve 0.61x
+    of one model alone, of 1 thread each 1.19x."""
     if config.threads:
         return config.threads
-    return None if models <= 1 else max(1, cores() // models)
+    count, limited = cores()
+    return None if models <= 1 and not limited else max(1, count // models)
 
 
 def make_engine(config: ServeConfig, d: VersionDir, *, models: int = 1) -> Engine:

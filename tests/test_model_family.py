@@ -96,13 +96,37 @@ def test_engines_of_several_models_divide_the_cores_unless_threads_is_set(family
         return [[s.get_session_options().intra_op_num_threads for s in (e.runtime.encoder, e.runtime.decoder)]
                 for e in app.load_engines(config)]
 
-    monkeypatch.setattr(app, "cores", lambda: 8)
+    monkeypatch.setattr(app, "cores", lambda: (8, False))
     assert threads(config_for(family)) == [[2, 2]] * 4  # 8 cores, 4 models
     assert threads(config_for(family, "--threads", "3")) == [[3, 3]] * 4  # asked: as asked
     assert threads(config_for(family / "none" / "1")) == [[0, 0]]  # one model: ONNX Runtime's default
-    monkeypatch.setattr(app, "cores", lambda: 2)
+    monkeypatch.setattr(app, "cores", lambda: (2, False))
     assert threads(config_for(family)) == [[1, 1]] * 4  # never below one
-    assert app.engine_threads(config_for(family), 2) == 1
+    monkeypatch.setattr(app, "cores", lambda: (3, True))  # a container limited to 3 cores
+    assert threads(config_for(family / "none" / "1")) == [[3, 3]]  # one model: the limit, not the host
+
+
+def test_a_containers_cpu_limit_is_read_from_its_cgroup(tmp_path: Path, monkeypatch) -> None:
+    from service import app
+
+    v2 = tmp_path / "v2"
+    v2.mkdir()
+    (v2 / "cpu.max").write_text("250000 100000\n")  # 2.5 cores: 3 threads
+    assert app.cpu_quota(v2) == 3
+    (v2 / "cpu.max").write_text("max 100000\n")
+    assert app.cpu_quota(v2) is None
+    v1 = tmp_path / "v1" / "cpu"
+    v1.mkdir(parents=True)
+    (v1 / "cpu.cfs_quota_us").write_text("200000\n")
+    (v1 / "cpu.cfs_period_us").write_text("100000\n")
+    assert app.cpu_quota(v1.parent) == 2
+    (v1 / "cpu.cfs_quota_us").write_text("-1\n")
+    assert app.cpu_quota(v1.parent) is None
+    assert app.cpu_quota(tmp_path / "nothing") is None
+    monkeypatch.setattr(app, "cpu_quota", lambda: 1)
+    assert app.cores() == (1, True)
+    monkeypatch.setattr(app, "cpu_quota", lambda: 10_000)  # a limit above the CPU set: the set
+    assert app.cores()[1] is False
 
 
 def test_a_manifest_naming_an_unknown_kind_is_one_line(family: Path, tmp_path: Path) -> None:

@@ -196,7 +196,7 @@ def test_a_model_added_later_takes_its_share_of_the_cores(repo: Path, reversal_r
                                                          monkeypatch) -> None:
     from service import app
 
-    monkeypatch.setattr(app, "cores", lambda: 8)
+    monkeypatch.setattr(app, "cores", lambda: (8, False))
 
     def threads(server: ServerThread) -> dict[str, int]:
         return {m.ref: m.engine.runtime.decoder.get_session_options().intra_op_num_threads
