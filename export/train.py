@@ -206,24 +206,24 @@ def train(corpus_dir: Path, tokenizer_dir: Path, out_dir: Path, *, model_config:
 
     # The batch order of an uninterrupted run: one generator from the seed, epoch after epoch.
     # A resumed run replays the orders of the epochs done and skips the batches of its current
-    # epoch already trained, so with the saved dropout generator, killed and resumed at a
-    # validation it is the same run (tests/test_training.py).
-    rng, done = random.Random(config.seed), 0
+    # epoch already trained (its steps beyond those epochs' batches), so with the saved dropout
+    # generator, killed and resumed at a validation it is the same run (tests/test_training.py).
+    rng, skip = random.Random(config.seed), state["step"]
     for _ in range(state["epoch"]):
-        done += len(make_batches(train_data, config.batch_tokens, rng))
-    state["epoch_step"] = max(0, state.get("epoch_step", state["step"] - done))  # derived: older checkpoints
+        skip -= len(make_batches(train_data, config.batch_tokens, rng))
+    skip = max(0, skip)  # (a resume with another --batch-tokens: its epoch starts over)
     start, last_valid = time.monotonic() - state["elapsed"], time.monotonic()
     model.train()
     out_of_time = False
     while not out_of_time and state["epoch"] < config.max_epochs:
         batches = make_batches(train_data, config.batch_tokens, rng)
-        bar = tqdm(batches[state["epoch_step"]:], desc=f"epoch {state['epoch'] + 1}", mininterval=10,
-                   leave=False, initial=state["epoch_step"], total=len(batches))
+        bar = tqdm(batches[skip:], desc=f"epoch {state['epoch'] + 1}", mininterval=10,
+                   leave=False, initial=skip, total=len(batches))
+        skip = 0
         tokens_seen, t0 = 0, time.monotonic()
         for idx in bar:
             loss, n = _update(model, opt, collate([train_data[i] for i in idx]), config)
             state["step"] += 1
-            state["epoch_step"] += 1
             tokens_seen += n
             bar.set_postfix(loss=f"{loss.item() / n:.3f}",
                             tok_s=f"{tokens_seen / (time.monotonic() - t0):.0f}", refresh=False)
@@ -238,6 +238,5 @@ def train(corpus_dir: Path, tokenizer_dir: Path, out_dir: Path, *, model_config:
                 last_valid = time.monotonic()
         else:
             state["epoch"] += 1
-            state["epoch_step"] = 0
     validate_and_save()  # the final weights always get a validation (and best.pt a candidate)
     return out_dir / "best.pt"

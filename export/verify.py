@@ -34,7 +34,6 @@ from export.model import RNNSearch
 from service.decoding.engine import Engine
 from service.decoding.runtime import Runtime
 from service.errors import ModelRepositoryError
-from service.models.attention import DEFAULT as DEFAULT_KIND
 from service.models.manifest import (MANIFEST, Manifest, load_manifest, sha256_file)
 
 TOLERANCES = {
@@ -95,11 +94,10 @@ def load_reference(manifest: Manifest, checkpoint: Path | None) -> tuple[RNNSear
             raise ModelRepositoryError(f"{manifest.root / MANIFEST}: no checkpoint recorded; give --checkpoint")
         checkpoint = manifest.root.parent / recorded["file"]
     ckpt = load_checkpoint(checkpoint)
-    # a manifest written before the attention kinds has no model_config.attention: bahdanau
-    recorded_config = {"attention": DEFAULT_KIND, **manifest.model_config}
-    if ckpt.config.to_dict() != recorded_config:
-        differ = sorted(k for k in recorded_config.keys() | ckpt.config.to_dict().keys()
-                        if recorded_config.get(k) != ckpt.config.to_dict().get(k))
+    config, recorded_config = ckpt.config.to_dict(), manifest.model_config
+    if config != recorded_config:
+        differ = sorted(k for k in recorded_config.keys() | config.keys()
+                        if recorded_config.get(k) != config.get(k))
         raise CheckpointError(f"{checkpoint}: model config differs from {manifest.root / MANIFEST} ({', '.join(differ)})")
     same = sha256_file(checkpoint) == recorded.get("sha256")
     return ckpt.model(), Check("checkpoint", f"{checkpoint.name}: sha256 {'matches' if same else 'differs'}",

@@ -45,7 +45,7 @@ def ctx_size(config: dict[str, Any]) -> int:
 
 def state_size(config: dict[str, Any]) -> int:
     """Width of the decoder's carried state for ``config``'s kind."""
-    kind = check_kind(config.get("attention", DEFAULT), "model_config.attention")
+    kind = check_kind(config["attention"], "model_config.attention")
     if kind == "bahdanau":
         return config["dec_hidden_size"]
     if kind.startswith("luong"):
@@ -55,7 +55,7 @@ def state_size(config: dict[str, Any]) -> int:
 
 def key_size(config: dict[str, Any]) -> int:
     """Width of the encoder's attention keys for ``config``'s kind (0: no keys)."""
-    kind = check_kind(config.get("attention", DEFAULT), "model_config.attention")
+    kind = check_kind(config["attention"], "model_config.attention")
     if kind == "bahdanau":
         return config["attn_size"]
     if kind == "luong-general":
@@ -65,6 +65,6 @@ def key_size(config: dict[str, Any]) -> int:
 
 def check_sizes(config: dict[str, Any]) -> None:
     """Widths a kind needs to agree: ``luong-dot`` scores h_t . h_j."""
-    if config.get("attention", DEFAULT) == "luong-dot" and config["dec_hidden_size"] != ctx_size(config):
+    if config["attention"] == "luong-dot" and config["dec_hidden_size"] != ctx_size(config):
         raise ValueError(f"attention luong-dot needs dec_hidden_size == 2 x enc_hidden_size "
                          f"(h_t . h_j), got {config['dec_hidden_size']} and {config['enc_hidden_size']}")

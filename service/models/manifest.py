@@ -76,7 +76,7 @@ class Manifest:
     root: Path  # the repository directory
     name: str  # e.g. "en-fr"
     version: str  # e.g. "1"
-    model_config: dict[str, Any]  # the export-side ModelConfig, as a dict
+    model_config: dict[str, Any]  # the export-side ModelConfig, as a dict (an absent attention: bahdanau)
     special: SpecialIds  # pad, unk, bos, eos: parsed once, handed to the tokenizer and the batch
     source_tokenizer: str  # SentencePiece model file
     target_tokenizer: str
@@ -90,7 +90,7 @@ class Manifest:
     @property
     def attention(self) -> str:
         """The attention kind (``service.models.attention.KINDS``), checked when loaded."""
-        return self.model_config.get("attention", attention.DEFAULT)
+        return self.model_config["attention"]
 
     @property
     def max_source_tokens(self) -> int:
@@ -187,8 +187,9 @@ def _parse(root: Path, mpath: Path, raw: dict[str, Any]) -> Manifest:
     config = _field(mpath, raw, "model_config", f"an object with integer {', '.join(CONFIG_INTS)}",
                     lambda v: isinstance(v, dict) and all(type(v[k]) is int and v[k] > 0
                                                           for k in CONFIG_INTS))
+    config = {"attention": attention.DEFAULT, **config}  # written before the kinds: RNNsearch
     try:
-        attention.check_kind(config.get("attention", attention.DEFAULT), "model_config.attention")
+        attention.check_kind(config["attention"], "model_config.attention")
         attention.check_sizes(config)
     except ValueError as e:
         raise ModelRepositoryError(f"{mpath}: {e}") from None
@@ -203,7 +204,7 @@ def _parse(root: Path, mpath: Path, raw: dict[str, Any]) -> Manifest:
     name = _field(mpath, raw, "name", "a non-empty string", lambda v: isinstance(v, str) and v)
     version = _field(mpath, raw, "version", "a non-empty string or integer",
                      lambda v: isinstance(v, (str, int)) and str(v))
-    return Manifest(root=root, name=name, version=str(version), model_config=dict(config),
+    return Manifest(root=root, name=name, version=str(version), model_config=config,
                     special=parse_special_ids(mpath, raw.get("special_ids")),
                     source_tokenizer=tokenizers["source"], target_tokenizer=tokenizers["target"],
                     graphs={p: GraphFiles(encoder=g["encoder"], decoder_step=g["decoder_step"])
