@@ -2,7 +2,7 @@
 PYTHON ?= python3.11
 VENV := .venv
 BIN := $(VENV)/bin
-MODEL_REPOSITORY ?= models/en-fr/1
+MODEL_REPOSITORY ?= models/en-fr/2
 # torch 2.13.0 is the CPU build on this machine's disk; any other version pulls CUDA.
 TORCH := torch==2.13.0
 
@@ -128,9 +128,9 @@ $(BUILD)/train-v2-%/best.pt: | $(TOKENIZERS)/target.model
 # (about 90 minutes on 2 cores). Writes the shipped model: models/en-fr/checkpoint-2.pt and models/en-fr/2/.
 model: $(BUILD)/train-v2-$(ATTENTION)/best.pt
 	$(BIN)/nmt release $(BUILD)/train-v2-$(ATTENTION)/best.pt models/en-fr/checkpoint-2.pt --force
-	$(BIN)/nmt evaluate models/en-fr/checkpoint-2.pt --corpus $(CORPUS) --output $(BUILD)/eval
+	$(BIN)/nmt evaluate models/en-fr/checkpoint-2.pt --corpus $(CORPUS) --output models/en-fr/evaluation-2
 	$(BIN)/nmt export models/en-fr/checkpoint-2.pt --output models/en-fr/2 --name en-fr --version 2 \
-		--quantize int8 --test-split $(CORPUS)/test.jsonl --quality $(BUILD)/eval/results.json --force
+		--quantize int8 --test-split $(CORPUS)/test.jsonl --quality models/en-fr/evaluation-2/results.json --force
 
 # the four attention kinds, each exported (fp32, int8) and verified into $(BUILD)/family/<kind>/1/
 # (trained first where $(BUILD)/train-v2-<kind>/ has no best.pt: about an hour each on 2 cores)
@@ -143,9 +143,11 @@ family: $(foreach k,$(FAMILY),$(BUILD)/family/$(k)/1/manifest.json)
 serve-family: family
 	$(BIN)/nmt serve --model-repository $(BUILD)/family --default-model $(ATTENTION)
 
-# the four side by side: models/evaluation/comparison.{md,json}, bleu-by-length.png, attention-<k>.png
+# the four side by side, and en-fr/1: models/evaluation/comparison.{md,json}, bleu-by-length.png, attention-<k>.png
+# (v1's training sources are all in v2's training split, so excluding v2's leaves out what en-fr/1 trained on too)
 compare: $(foreach k,$(FAMILY),$(BUILD)/train-v2-$(k)/best.pt)
 	$(BIN)/nmt compare $(foreach k,$(FAMILY),--system $(k)=$(BUILD)/train-v2-$(k)/best.pt) \
+		--system en-fr-1=models/en-fr/checkpoint-1.pt \
 		--corpus $(CORPUS) --exclude-train $(CORPUS)/train.jsonl --output models/evaluation
 
 # Locust, headless, against a server it starts (reports under loadtest/results/locust/)

@@ -5,8 +5,8 @@
 # machines provide (../shared/tools/container-engine/setup.sh, run as root);
 # elsewhere it says so and exits 0.
 #
-#   .ci/container-smoke.sh                       # the shipped model, models/en-fr/1
-#   NMT_SMOKE_MODEL=/path/to/en-fr/1 .ci/container-smoke.sh   # another model repository
+#   .ci/container-smoke.sh                       # the shipped model, models/en-fr/2
+#   NMT_SMOKE_MODEL=/path/to/en-fr/3 .ci/container-smoke.sh   # another model repository
 #
 # Prints the image size and the time from `docker run` to health SERVING.
 set -euo pipefail
@@ -35,17 +35,18 @@ now_ms() { echo $(( $(date +%s%N) / 1000000 )); }
 seconds_since() { local ms=$(( $(now_ms) - $1 )); printf '%d.%02d' $((ms / 1000)) $((ms % 1000 / 10)); }
 
 # ---- build ----------------------------------------------------------------------------------
-MODEL=${NMT_SMOKE_MODEL:-models/en-fr/1}
+SHIPPED=models/en-fr/2
+MODEL=${NMT_SMOKE_MODEL:-$SHIPPED}
 [ -f "$MODEL/manifest.json" ] || fail "no model repository at $MODEL (run make model, or set NMT_SMOKE_MODEL)"
 CONTEXT=.
-if [ "$MODEL" != models/en-fr/1 ]; then
+if [ "$MODEL" != "$SHIPPED" ]; then
   # Another model: a copy of the context with it in the default place.
   CONTEXT=$(mktemp -d)
   cp -r Dockerfile .dockerignore pyproject.toml service "$CONTEXT/"
   [ -f README.md ] && cp README.md "$CONTEXT/"
   mkdir -p "$CONTEXT/deploy" "$CONTEXT/models/en-fr"
   cp deploy/healthcheck.py "$CONTEXT/deploy/"
-  cp -r "$MODEL" "$CONTEXT/models/en-fr/1"
+  cp -r "$MODEL" "$CONTEXT/$SHIPPED"
 fi
 log "building $IMAGE (model $MODEL)"
 started=$(now_ms)

@@ -161,7 +161,7 @@ def test_train_names_an_unknown_kind_and_a_resume_of_another_kind(tiny_corpus: P
 
 def test_compare_writes_the_side_by_side_tables_and_figures(tiny_tokenizers: Path, tiny_corpus: Path,
                                                             tmp_path: Path) -> None:
-    from export.compare import compare
+    from export.compare import compare, retime
 
     systems = {kind: _save_untrained(tiny_tokenizers, tmp_path / f"{kind}.pt", attention=kind, **SIZES)
                for kind in ("bahdanau", "none")}
@@ -181,6 +181,13 @@ def test_compare_writes_the_side_by_side_tables_and_figures(tiny_tokenizers: Pat
     for png in ("bleu-by-length.png", "attention-0.png"):
         assert (tmp_path / "out" / png).read_bytes()[:4] == b"\x89PNG"
     assert "| bahdanau | bahdanau |" in (tmp_path / "out" / "comparison.md").read_text()
+    retimed = retime(systems, tmp_path / "out", threads=1)  # --step-only: new step figures, the same scores
+    assert all(retimed["systems"][k]["step_ms"] > 0 for k in systems)
+    assert [{k: v for k, v in r.items() if k != "step_ms"} for r in retimed["systems"].values()] == \
+        [{k: v for k, v in r.items() if k != "step_ms"} for r in written["systems"].values()]
+    assert json.loads((tmp_path / "out" / "comparison.json").read_text()) == retimed
+    with pytest.raises(ValueError, match=r"--system: .* compares \['bahdanau', 'none'\], got \['bahdanau'\]"):
+        retime({"bahdanau": systems["bahdanau"]}, tmp_path / "out")
     other = tmp_path / "other_tokenizers"  # a system with other SentencePiece models (en-fr/1 beside v2's)
     tokenizers.train(corpus, other, src_vocab_size=70, tgt_vocab_size=70)
     systems["other"] = _save_untrained(other, tmp_path / "other.pt", **SIZES)
