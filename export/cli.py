@@ -99,6 +99,8 @@ def train_main(argv: list[str]) -> int:
                    help="validate every this many steps instead of minutes (0: by minutes)")
     p.add_argument("--seed", type=int, default=d.seed)
     p.add_argument("--threads", type=int, default=d.threads)
+    p.add_argument("--init-uniform", type=float, default=d.init_uniform,
+                   help="draw a new model's weights from uniform(-x, x), as OpenNMT-py (0: PyTorch's defaults)")
     p.add_argument("--resume", type=Path, help="continue from a last.pt")
     for name in ("emb_size", "enc_hidden_size", "dec_hidden_size", "attn_size", "out_size"):
         p.add_argument(f"--{name.replace('_', '-')}", type=int)
@@ -112,8 +114,7 @@ def train_main(argv: list[str]) -> int:
     config = train.TrainConfig(minutes=args.minutes, max_epochs=args.max_epochs, max_steps=args.max_steps,
                                batch_tokens=args.batch_tokens, lr=args.lr,
                                validate_minutes=args.validate_minutes, validate_steps=args.validate_steps,
-                               seed=args.seed,
-                               threads=args.threads)
+                               seed=args.seed, threads=args.threads, init_uniform=args.init_uniform)
     best = train.train(args.corpus, args.tokenizers, args.output, model_config=model_config,
                        config=config, resume=args.resume)
     print(f"best checkpoint: {best}")

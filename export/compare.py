@@ -215,6 +215,11 @@ def compare(systems: dict[str, Path], corpus: Path, output: Path, *, exclude_tra
                 results["heatmaps"].append({"file": f"attention-{k}.png", "source": sentence,
                                             "translations": translations})
     plot_bleu_by_length(results, output / "bleu-by-length.png")
+    return write(results, output)
+
+
+def write(results: dict, output: Path) -> dict:
+    """``comparison.json`` and ``comparison.md`` in ``output``."""
     (output / "comparison.json").write_text(json.dumps(results, indent=1, ensure_ascii=False) + "\n")
     (output / "comparison.md").write_text(markdown(results))
     return results
@@ -233,9 +238,7 @@ def retime(systems: dict[str, Path], output: Path, *, threads: int = 2) -> dict:
     models = {name: load_checkpoint(p).model() for name, p in systems.items()}
     for name, ms in step_milliseconds(models, threads).items():
         results["systems"][name]["step_ms"] = ms
-    path.write_text(json.dumps(results, indent=1, ensure_ascii=False) + "\n")
-    (output / "comparison.md").write_text(markdown(results))
-    return results
+    return write(results, output)
 
 
 def main(argv: list[str]) -> int:

@@ -43,6 +43,7 @@ class TrainConfig:
     bleu_slice: int = 400  # validation sentences decoded for BLEU
     seed: int = 1
     threads: int = 2
+    init_uniform: float = 0.0  # if > 0, a new model's weights from uniform(-x, x) (OpenNMT-py's param_init)
 
 
 Example = tuple[list[int], list[int]]  # (source ids with EOS, target ids with EOS)
@@ -155,6 +156,9 @@ def _start(tok: Tokenizer, model_config: dict | None, config: TrainConfig, resum
     else:
         model = RNNSearch(ModelConfig(src_vocab_size=tok.source.get_piece_size(),
                                       tgt_vocab_size=tok.target.get_piece_size(), **(model_config or {})))
+        if config.init_uniform > 0:  # else PyTorch's per-layer defaults
+            for param in model.parameters():
+                torch.nn.init.uniform_(param, -config.init_uniform, config.init_uniform)
     opt = torch.optim.Adam(model.parameters(), lr=config.lr)
     sched = torch.optim.lr_scheduler.ReduceLROnPlateau(opt, mode="max", factor=0.5, patience=2)
     if ckpt is not None and "optimizer" in ckpt.extra:

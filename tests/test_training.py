@@ -170,3 +170,12 @@ def test_empty_training_split_is_an_error(tmp_path: Path, tiny_tokenizers: Path)
     corpus_dir = make_corpus(tmp_path / "c", [], TINY_SENTENCES[:2])
     with pytest.raises(ValueError, match="train.jsonl: no usable training pairs"):
         train.train(corpus_dir, tiny_tokenizers, tmp_path / "run", config=train.TrainConfig(minutes=0.01))
+
+
+def test_init_uniform_draws_a_new_models_weights_in_its_range(tiny_tokenizers: Path) -> None:
+    tok = Tokenizer(tiny_tokenizers / "source.model", tiny_tokenizers / "target.model")
+    default, *_ = train._start(tok, SMALL, train.TrainConfig(), None)
+    uniform, *_ = train._start(tok, SMALL, train.TrainConfig(init_uniform=0.05), None)
+    assert max(p.abs().max().item() for p in default.parameters()) > 0.5  # PyTorch's embeddings: N(0, 1)
+    for p in uniform.parameters():
+        assert p.abs().max().item() <= 0.05 and p.std().item() > 0.01  # every tensor drawn, biases too
