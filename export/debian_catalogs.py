@@ -89,7 +89,12 @@ def download(pins: list[tuple[str, str]], debs: Path, log=print) -> dict[str, Pa
                              check=False)
         if run.returncode != 0:
             errors = [line for line in run.stderr.splitlines() if line.startswith("E:")] or run.stderr.splitlines()
-            raise CorpusError(f"apt-get download: {errors[0] if errors else f'exit status {run.returncode}'}")
+            message = f"apt-get download: {errors[0] if errors else f'exit status {run.returncode}'}"
+            if errors and "was not found" in errors[0]:  # stale package lists, or a version the mirror dropped
+                message += ("; the pinned version is not in this machine's package lists: run `apt-get update` "
+                            "(as root) and retry; if `apt-cache policy <package>` still lacks it, the mirror "
+                            "has dropped it and the pin must move")
+            raise CorpusError(message)
         have = present()
         lost = [n for n, _ in pins if n not in have]
         if lost:

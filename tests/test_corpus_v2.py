@@ -200,6 +200,20 @@ def test_debian_unpack_keeps_french_catalogs_and_licence(tmp_path: Path) -> None
         debian_catalogs.fetch(["tool=1:2.0-2"], out, **QUIET)
 
 
+def test_a_version_missing_from_the_package_lists_says_to_update_them(tmp_path: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    calls = []
+
+    def apt_get(argv, **kwargs):  # what apt-get download says when its lists predate a point release
+        calls.append(argv)
+        return subprocess.CompletedProcess(argv, 100, "", "E: Version '2.6.2' for 'apt' was not found\n")
+
+    monkeypatch.setattr(debian_catalogs.subprocess, "run", apt_get)
+    with pytest.raises(catalogs.CorpusError, match=r"Version '2\.6\.2' for 'apt' was not found.*apt-get update"):
+        debian_catalogs.download([("apt", "2.6.2")], tmp_path / "debs", **QUIET)
+    assert calls == [["apt-get", "download", "-q", "apt=2.6.2"]]
+
+
 # ---------------------------------------------------------------- dedup across sources
 
 
