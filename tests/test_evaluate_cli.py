@@ -57,6 +57,21 @@ def test_evaluate_command_scores_the_reversal_model_high(reversal_checkpoint: Pa
     assert results["heatmaps"][0]["translation"] == "3 2 1"
 
 
+def test_evaluate_command_scores_the_long_set(tiny_checkpoint: Path, tiny_corpus: Path, tmp_path: Path,
+                                             capsys) -> None:
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    pairs = (tiny_corpus / "test.jsonl").read_text().splitlines()
+    (corpus / "long.jsonl").write_text("\n".join(pairs[:3]) + "\n")  # another split than test
+    out = tmp_path / "eval"
+    assert nmt_main(["evaluate", str(tiny_checkpoint), "--corpus", str(corpus), "--split", "long",
+                     "--output", str(out), "--beam", "2", "--heatmap", "1 2", "--threads", "1"]) == 0
+    capsys.readouterr()
+    results = json.loads((out / "results.json").read_text())
+    assert results["split"] == "long" and results["sentences"] == 3
+    assert len((out / "beam2.txt").read_text().splitlines()) == 3
+
+
 def test_train_cli_reports_missing_inputs_in_one_line(tiny_tokenizers: Path, tmp_path: Path, capsys) -> None:
     rc = train_main([str(tmp_path / "nope"), "--tokenizers", str(tiny_tokenizers), "--output", str(tmp_path / "o")])
     err = capsys.readouterr().err.strip()
