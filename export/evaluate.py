@@ -211,7 +211,7 @@ def main(argv: list[str]) -> int:
     p.add_argument("checkpoint", type=Path)
     p.add_argument("--corpus", type=Path, required=True, help="corpus directory (test.jsonl)")
     p.add_argument("--split", default="test", choices=("train", "valid", "test", "long"),
-                   help="long: the long-message set (long.jsonl, sources of 20 words and more)")
+                   help="long: the long-message set that nmt corpus holds out (long.jsonl)")
     p.add_argument("--output", "-o", type=Path, required=True)
     p.add_argument("--beam", type=int, default=5)
     p.add_argument("--max-sentences", type=int)
