@@ -37,6 +37,10 @@ def test_restore_never_loses_or_invents() -> None:
     assert ph.restore("a ｟1｠ b", values) == "a {name} b %s"  # lost ｟0｠: appended
     assert ph.restore("a ｟0｠ ｟7｠ ｟1｠", values) == "a %s {name}"  # invented ｟7｠: dropped
     assert ph.restore("｟0｠ ｟0｠ ｟1｠", values) == "%s {name}"  # duplicated: kept once
+    # spelled out in pieces instead of a token (en-fr/3, beam 5, on '@i %i has @I @a value @i %N.')
+    assert ph.restore("L'@i ｟0｠ a un @i @a %i %N.", ("%i",)) == "L'@i %i a un @i @a %N."
+    assert ph.restore("a %s <b> {x} $HOME b", ()) == "a b"
+    assert ph.restore("50 % plein, 100 % fait", ()) == "50 % plein, 100 % fait"  # no placeholder there
 
 
 def test_reserved_tokens_are_distinct() -> None:

@@ -124,7 +124,10 @@ def protect_target(text: str, placeholders: tuple[str, ...]) -> str | None:
 def restore(text: str, placeholders: tuple[str, ...], *, complete: bool = True) -> str:
     """Put the source's placeholders back in place of the reserved tokens.
 
-    A token the source does not have is dropped (the model invented it); with
+    A token the source does not have is dropped (the model invented it), and so
+    is a placeholder the model spelled out in pieces (``%`` then ``i``): every
+    placeholder of the source became a token, so any other is invented (unless
+    the source filled every token: ``protect`` left the rest as text). With
     ``complete`` (a finished translation), a placeholder the output lost is
     appended at the end, so a translation never loses or invents a placeholder.
     Without it (an unfinished streaming prefix), the missing ones may still come.
@@ -134,14 +137,17 @@ def restore(text: str, placeholders: tuple[str, ...], *, complete: bool = True) 
 
     def repl(m: re.Match[str]) -> str:
         nonlocal invented
-        k = int(m.group(1))
-        if k >= len(placeholders) or k in seen:
+        t = _TOKEN.fullmatch(m.group(0))
+        if t is None and len(placeholders) >= MAX_PLACEHOLDERS:
+            return m.group(0)
+        k = int(t.group(1)) if t else -1
+        if not 0 <= k < len(placeholders) or k in seen:
             invented = True
             return ""
         seen.add(k)
         return placeholders[k]
 
-    out = _TOKEN.sub(repl, text)
+    out = _PATTERN.sub(repl, text)
     if invented:
         out = re.sub(r"  +", " ", out).strip()
     missing = [p for k, p in enumerate(placeholders) if k not in seen]
