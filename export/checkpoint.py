@@ -56,7 +56,9 @@ def weights_kind(weights: dict[str, torch.Tensor], config: ModelConfig) -> str |
 
 def save_checkpoint(path: Path, model: RNNSearch, tokenizers: dict[str, bytes], *,
                     extra: dict | None = None, half: bool = False) -> None:
-    """Write atomically; ``half`` stores fp16 weights (the shipped, smaller file)."""
+    """Write atomically (the directory made if needed); ``half`` stores fp16 weights (the shipped,
+    smaller file)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
     weights = {k: (v.half() if half and v.is_floating_point() else v).clone()
                for k, v in model.state_dict().items()}
     tmp = path.with_suffix(".tmp")

@@ -174,8 +174,8 @@ def test_release_halves_weights_and_drops_optimizer(model: RNNSearch, tmp_path: 
 
     save_checkpoint(tmp_path / "train.pt", model, {"source.model": b"x", "target.model": b"y"},
                     extra={"optimizer": {"state": {}}, "train_state": {"step": 7}})
-    release(tmp_path / "train.pt", tmp_path / "ship.pt")
-    shipped = load_checkpoint(tmp_path / "ship.pt")
+    release(tmp_path / "train.pt", tmp_path / "new" / "ship.pt")  # a directory not made yet
+    shipped = load_checkpoint(tmp_path / "new" / "ship.pt")
     assert all(v.dtype == torch.float16 for v in shipped.weights.values() if v.is_floating_point())
     assert "optimizer" not in shipped.extra and shipped.extra["train_state"] == {"step": 7}
     src, lens = _batch([5, 3])
