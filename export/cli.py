@@ -153,6 +153,20 @@ def export_main(argv: list[str]) -> int:
     return onnx_export.main(argv)
 
 
+@one_line_errors("prune")
+def prune_main(argv: list[str]) -> int:
+    from export.onnx_export import prune_repository
+
+    p = argparse.ArgumentParser(prog="nmt prune", description=prune_repository.__doc__)
+    p.add_argument("repo", type=Path, help="model repository, e.g. models/en-fr/3")
+    p.add_argument("--keep", action="append", required=True, metavar="PRECISION",
+                   help="a precision whose graphs stay (repeatable), e.g. int8")
+    args = p.parse_args(argv)
+    deleted = prune_repository(args.repo, args.keep)
+    print(f"{args.repo}: kept {', '.join(args.keep)}; deleted {', '.join(deleted) or 'nothing'}")
+    return 0
+
+
 @one_line_errors("verify")
 def verify_main(argv: list[str]) -> int:
     from export import verify

@@ -42,7 +42,8 @@ from export.quantize import SCHEME as INT8_SCHEME
 from export.quantize import quantize_graph
 from export.verify import DYNAMIC_AXES, VerificationError, verify_repository
 from service.models.manifest import (DECODER_INPUTS, DECODER_OUTPUTS, ENCODER_INPUTS, ENCODER_OUTPUTS,
-                                     FORMAT, SIZES, checksums, load_manifest, sha256_file, write_manifest)
+                                     FORMAT, MANIFEST, SIZES, checksums, load_manifest, sha256_file,
+                                     write_manifest)
 from service.text.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 
 OPSET = 17
@@ -265,6 +266,32 @@ def export_repository(checkpoint: Path, output: Path, *, name: str = "en-fr", ve
         shutil.rmtree(root, ignore_errors=True)
         raise
     return output
+
+
+def prune_repository(root: Path, keep: list[str]) -> list[str]:
+    """Keep only the ``keep`` precisions' graphs in a verified model repository: its shipped form
+    where the repository's size counts. The others' graph files are deleted and leave ``graphs``
+    and ``files``; what export and ``loadtest/quality_engine.py`` measured on them (``parity``,
+    ``quality.engine``) stays, and ``pruned`` keeps each deleted file's sha256, so that a
+    re-export from the same checkpoint can be compared with it. Returns the deleted files."""
+    root = Path(root)
+    manifest = load_manifest(root)  # every checksum first: prune only what export verified
+    unknown = [p for p in keep if p not in manifest.graphs]
+    if unknown:
+        raise ValueError(f"{root}: --keep {unknown[0]!r} is not a precision of the repository "
+                         f"(choices: {', '.join(sorted(manifest.graphs))})")
+    raw = json.loads((root / MANIFEST).read_text())
+    kept = {f for p in keep for f in (raw["graphs"][p]["encoder"], raw["graphs"][p]["decoder_step"])}
+    deleted = []
+    for precision in [p for p in raw["graphs"] if p not in keep]:
+        graph = raw["graphs"].pop(precision)
+        files = [f for f in (graph["encoder"], graph["decoder_step"]) if f not in kept]
+        raw.setdefault("pruned", {})[precision] = {f: raw["files"].pop(f) for f in files}
+        deleted += files
+    write_manifest(root, raw)  # first: the manifest never lists a deleted file
+    for f in deleted:
+        (root / f).unlink()
+    return deleted
 
 
 def read_quality(results: Path) -> dict:

@@ -93,6 +93,9 @@ def load_reference(manifest: Manifest, checkpoint: Path | None) -> tuple[RNNSear
         if "file" not in recorded:
             raise ModelRepositoryError(f"{manifest.root / MANIFEST}: no checkpoint recorded; give --checkpoint")
         checkpoint = manifest.root.parent / recorded["file"]
+        if not checkpoint.is_file():
+            raise ModelRepositoryError(f"{checkpoint}: the checkpoint {manifest.root / MANIFEST} records is not "
+                                       "here (a repository shipped without it); give --checkpoint")
     ckpt = load_checkpoint(checkpoint)
     config, recorded_config = ckpt.config.to_dict(), manifest.model_config
     if config != recorded_config:

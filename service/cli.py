@@ -25,6 +25,8 @@ OFFLINE = {
     "evaluate": "BLEU/chrF, BLEU by length, attention heatmaps",
     "export": "export a checkpoint to an ONNX model repository",
     "verify": "verify a model repository against its checkpoint",
+    "prune": "keep only some precisions' graphs in a model repository (its shipped form)",
+    "compare": "the attention kinds side by side (BLEU by length, step time, heatmaps)",
 }
 INSTALL_HINT = "pip install 'nmt-serve[export]' (from a source checkout: pip install -e '.[export]')"
 

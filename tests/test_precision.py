@@ -37,7 +37,7 @@ def bleu(fp32_greedy: float, int8_greedy: float, fp32_beam: float, int8_beam: fl
     (bleu(47.9, 48.0, 50.9, 50.5), False, "fp32", "int8 loses 0.40 BLEU"),
     ({"fp32": {"greedy": {"bleu": 1.0}}, "int8": {"greedy": {"bleu": 1.0}}}, False, "fp32", "no measured"),
     (None, False, "fp32", "no measured int8 BLEU"),
-    (bleu(47.9, 47.9, 50.9, 50.9), True, "fp32", "no int8 graphs"),
+    (bleu(47.9, 47.9, 50.9, 50.9), True, "fp32", "only fp32 graphs"),
 ])
 def test_the_measured_default(tiny_repository: Path, tmp_path: Path, quality: dict | None, drop_int8: bool,
                               expected: str, why: str) -> None:

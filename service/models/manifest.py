@@ -99,9 +99,11 @@ class Manifest:
     def default_precision(self) -> tuple[str, str]:
         """The precision ``--precision auto`` serves, and why: int8 when the repository has int8
         graphs and its measured BLEU (``quality.engine``, by ``loadtest/quality_engine.py``) is
-        within ``INT8_MAX_BLEU_LOSS`` of fp32's for greedy and beam search; else fp32."""
-        if "int8" not in self.graphs:
-            return "fp32", "no int8 graphs"
+        within ``INT8_MAX_BLEU_LOSS`` of fp32's for greedy and beam search; else fp32. A repository
+        shipped with one precision's graphs (``nmt prune``) serves that one."""
+        if len(self.graphs) == 1:
+            only = next(iter(self.graphs))
+            return only, f"the repository has only {only} graphs"
         engine = (self.raw.get("quality") or {}).get("engine") or {}
         fp32, int8 = engine.get("fp32") or {}, engine.get("int8") or {}
         searches = [s for s in ("greedy", "beam5") if s in fp32 and s in int8]
