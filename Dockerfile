@@ -24,7 +24,7 @@ ARG BASE_IMAGE=python:3.11-slim
 # ---- builder: a virtual environment holding service/ and its runtime dependencies ----
 FROM ${BASE_IMAGE} AS builder
 ARG ONNXRUNTIME=onnxruntime
-ARG MODEL_REPOSITORY=models/en-fr/2
+ARG MODEL_REPOSITORY=models/en-fr/3
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 DEBIAN_FRONTEND=noninteractive
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 # A CUDA runtime base has no Python; python:3.11-slim has it and skips this.

@@ -2,7 +2,7 @@
 PYTHON ?= python3.11
 VENV := .venv
 BIN := $(VENV)/bin
-MODEL_REPOSITORY ?= models/en-fr/2
+MODEL_REPOSITORY ?= models/en-fr/3
 # torch 2.13.0 is the CPU build on this machine's disk; any other version pulls CUDA.
 TORCH := torch==2.13.0
 
@@ -78,9 +78,11 @@ FAMILY := bahdanau luong-general luong-dot none
 TRAIN_STEPS ?= 2347
 VALIDATE_STEPS ?= 200
 TRAIN_THREADS ?= 2
-# > 0: a new model's weights from uniform(-x, x), as OpenNMT-py; 0: PyTorch's per-layer defaults, as en-fr/2 and
-# models/evaluation were trained (README "Quality at that wall time": what 0.1 gives)
-INIT_UNIFORM ?= 0
+# > 0: a new model's weights from uniform(-x, x), as OpenNMT-py and en-fr/3; 0: PyTorch's per-layer defaults, as
+# en-fr/2 and models/evaluation were trained (README "Quality at that wall time": what each gives)
+INIT_UNIFORM ?= 0.1
+# the run directory names a non-default initialisation: build/train-v2-<kind>-u0.1/ (en-fr/3's), build/train-v2-<kind>/ (0)
+INIT_TAG = $(if $(filter 0 0.0,$(INIT_UNIFORM)),,-u$(INIT_UNIFORM))
 
 LOADTEST_USERS ?= 8
 LOADTEST_TIME ?= 180
@@ -122,23 +124,30 @@ $(TOKENIZERS)/target.model: | $(VENV)/.dev
 	$(BIN)/nmt tokenizers $(CORPUS) --output $(TOKENIZERS)
 
 # one kind trained to the step budget (about an hour on 2 cores); an interrupted run resumes from its last.pt
-$(BUILD)/train-v2-%/best.pt: | $(TOKENIZERS)/target.model
-	$(BIN)/nmt train $(CORPUS) --tokenizers $(TOKENIZERS) --output $(BUILD)/train-v2-$* --attention $* \
+$(BUILD)/train-v2-%$(INIT_TAG)/best.pt: | $(TOKENIZERS)/target.model
+	$(BIN)/nmt train $(CORPUS) --tokenizers $(TOKENIZERS) --output $(BUILD)/train-v2-$*$(INIT_TAG) --attention $* \
 		--max-steps $(TRAIN_STEPS) --validate-steps $(VALIDATE_STEPS) --minutes 100000 --threads $(TRAIN_THREADS) \
 		--init-uniform $(INIT_UNIFORM) \
-		$(if $(wildcard $(BUILD)/train-v2-$*/last.pt),--resume $(BUILD)/train-v2-$*/last.pt)
+		$(if $(wildcard $(BUILD)/train-v2-$*$(INIT_TAG)/last.pt),--resume $(BUILD)/train-v2-$*$(INIT_TAG)/last.pt)
 
-# corpus -> tokenizers -> training -> release -> evaluation -> export + verification, end to end
-# (about 90 minutes on 2 cores). Writes the shipped model: models/en-fr/checkpoint-2.pt and models/en-fr/2/.
-model: $(BUILD)/train-v2-$(ATTENTION)/best.pt
-	$(BIN)/nmt release $(BUILD)/train-v2-$(ATTENTION)/best.pt models/en-fr/checkpoint-2.pt --force
-	$(BIN)/nmt evaluate models/en-fr/checkpoint-2.pt --corpus $(CORPUS) --output models/en-fr/evaluation-2
-	$(BIN)/nmt export models/en-fr/checkpoint-2.pt --output models/en-fr/2 --name en-fr --version 2 \
-		--quantize int8 --test-split $(CORPUS)/test.jsonl --quality models/en-fr/evaluation-2/results.json --force
+# corpus -> tokenizers -> training -> release -> evaluation -> export + verification -> engine quality -> int8
+# only, end to end (about 70 minutes on 2 cores). Writes the shipped model models/en-fr/3/ and its evaluation;
+# the fp16 checkpoint and the fp32 graphs stay in $(BUILD)/en-fr/ (not shipped: the repository's size)
+model: $(BUILD)/train-v2-$(ATTENTION)$(INIT_TAG)/best.pt
+	$(BIN)/nmt release $(BUILD)/train-v2-$(ATTENTION)$(INIT_TAG)/best.pt $(BUILD)/en-fr/checkpoint-3.pt --force
+	$(BIN)/nmt evaluate $(BUILD)/en-fr/checkpoint-3.pt --corpus $(CORPUS) --output models/en-fr/evaluation-3
+	$(BIN)/nmt export $(BUILD)/en-fr/checkpoint-3.pt --output $(BUILD)/en-fr/3 --name en-fr --version 3 \
+		--quantize int8 --test-split $(CORPUS)/test.jsonl --quality models/en-fr/evaluation-3/results.json --force
+	$(BIN)/python loadtest/quality_engine.py $(BUILD)/en-fr/3 $(CORPUS)/test.jsonl --record \
+		--out loadtest/results/quality_engine_en-fr-3
+	rm -rf $(BUILD)/en-fr/3-int8 && cp -r $(BUILD)/en-fr/3 $(BUILD)/en-fr/3-int8
+	$(BIN)/nmt prune $(BUILD)/en-fr/3-int8 --keep int8
+	rm -rf models/en-fr/.3.tmp && cp -r $(BUILD)/en-fr/3-int8 models/en-fr/.3.tmp
+	rm -rf models/en-fr/3 && mv models/en-fr/.3.tmp models/en-fr/3
 
 # the four attention kinds, each exported (fp32, int8) and verified into $(BUILD)/family/<kind>/1/
-# (trained first where $(BUILD)/train-v2-<kind>/ has no best.pt: about an hour each on 2 cores)
-$(BUILD)/family/%/1/manifest.json: $(BUILD)/train-v2-%/best.pt
+# (trained first where $(BUILD)/train-v2-<kind>[-u<x>]/ has no best.pt: about an hour each on 2 cores)
+$(BUILD)/family/%/1/manifest.json: $(BUILD)/train-v2-%$(INIT_TAG)/best.pt
 	$(BIN)/nmt export $< --output $(BUILD)/family/$*/1 --name $* --version 1 --quantize int8 \
 		--test-split $(CORPUS)/test.jsonl --force
 family: $(foreach k,$(FAMILY),$(BUILD)/family/$(k)/1/manifest.json)
@@ -149,8 +158,8 @@ serve-family: family
 
 # the four side by side, and en-fr/1: models/evaluation/comparison.{md,json}, bleu-by-length.png, attention-<k>.png
 # (v1's training sources are all in v2's training split, so excluding v2's leaves out what en-fr/1 trained on too)
-compare: $(foreach k,$(FAMILY),$(BUILD)/train-v2-$(k)/best.pt)
-	$(BIN)/nmt compare $(foreach k,$(FAMILY),--system $(k)=$(BUILD)/train-v2-$(k)/best.pt) \
+compare: $(foreach k,$(FAMILY),$(BUILD)/train-v2-$(k)$(INIT_TAG)/best.pt)
+	$(BIN)/nmt compare $(foreach k,$(FAMILY),--system $(k)=$(BUILD)/train-v2-$(k)$(INIT_TAG)/best.pt) \
 		--system en-fr-1=models/en-fr/checkpoint-1.pt \
 		--corpus $(CORPUS) --exclude-train $(CORPUS)/train.jsonl --output models/evaluation
 

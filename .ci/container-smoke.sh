@@ -5,7 +5,7 @@
 # machines provide (../shared/tools/container-engine/setup.sh, run as root);
 # elsewhere it says so and exits 0.
 #
-#   .ci/container-smoke.sh                       # the shipped model, models/en-fr/2
+#   .ci/container-smoke.sh                       # the shipped model, models/en-fr/3
 #   NMT_SMOKE_MODEL=/path/to/en-fr/3 .ci/container-smoke.sh   # another model repository
 #
 # Prints the image size and the time from `docker run` to health SERVING.
@@ -35,7 +35,7 @@ now_ms() { echo $(( $(date +%s%N) / 1000000 )); }
 seconds_since() { local ms=$(( $(now_ms) - $1 )); printf '%d.%02d' $((ms / 1000)) $((ms % 1000 / 10)); }
 
 # ---- build ----------------------------------------------------------------------------------
-SHIPPED=models/en-fr/2
+SHIPPED=models/en-fr/3
 MODEL=${NMT_SMOKE_MODEL:-$SHIPPED}
 [ -f "$MODEL/manifest.json" ] || fail "no model repository at $MODEL (run make model, or set NMT_SMOKE_MODEL)"
 CONTEXT=.

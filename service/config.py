@@ -18,7 +18,7 @@ from typing import Callable, Mapping
 from service.options import Limits
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-DEFAULT_MODEL_REPOSITORY = REPO_ROOT / "models" / "en-fr" / "2"
+DEFAULT_MODEL_REPOSITORY = REPO_ROOT / "models" / "en-fr" / "3"
 MAX_PORT = 65535
 LOG_LEVELS = ("debug", "info", "warning", "error")
 
