@@ -25,6 +25,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from service.config import FLAGS, env_name, parse
 from service.metrics import Metrics
+from service.models.manifest import load_manifest
 
 yaml = pytest.importorskip("yaml")
 
@@ -35,6 +36,7 @@ K8S_BASE, K8S_QUEUE_DEPTH = DEPLOY / "k8s" / "base", DEPLOY / "k8s" / "queue-dep
 K8S_VERSIONS = ("1.29", "1.37")  # grpc probes are GA from 1.27; the oldest and newest checked
 GRPC_PORT, METRICS_PORT = 50051, 9464
 KNOWN_VARIABLES = {env_name(flag) for flag, *_ in FLAGS}
+IMAGE_MODEL = re.search(r"^ARG MODEL_REPOSITORY=(\S+)$", DOCKERFILE.read_text(), re.M).group(1)
 
 
 def tool(name: str) -> str | None:
@@ -48,6 +50,9 @@ def nmt_env(pairs: dict[str, object]) -> dict[str, str]:
     env = {k: str(v) for k, v in pairs.items() if k.startswith("NMT_")}
     assert set(env) <= KNOWN_VARIABLES, set(env) - KNOWN_VARIABLES
     parse([], env=env)  # raises ConfigError on a bad value
+    shipped = sorted(load_manifest(ROOT / IMAGE_MODEL, verify=False).graphs)
+    assert env.get("NMT_PRECISION", "auto") in ["auto", *shipped], \
+        f"NMT_PRECISION={env['NMT_PRECISION']}: the image's model {IMAGE_MODEL} has {shipped}"
     return env
 
 
