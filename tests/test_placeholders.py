@@ -39,8 +39,9 @@ def test_restore_never_loses_or_invents() -> None:
     assert ph.restore("｟0｠ ｟0｠ ｟1｠", values) == "%s {name}"  # duplicated: kept once
     # spelled out in pieces instead of a token (en-fr/3, beam 5, on '@i %i has @I @a value @i %N.')
     assert ph.restore("L'@i ｟0｠ a un @i @a %i %N.", ("%i",)) == "L'@i %i a un @i @a %N."
-    assert ph.restore("a %s <b> {x} $HOME b", ()) == "a b"
-    assert ph.restore("50 % plein, 100 % fait", ()) == "50 % plein, 100 % fait"  # no placeholder there
+    assert ph.restore("Supprimer %s fichiers ?", ("%s",)) == "Supprimer %s fichiers ?"  # for the token: in place
+    assert ph.restore("｟0｠ et %s", ("%s", "%s")) == "%s et %s"  # the second %s's token never came
+    assert ph.restore("Il coûte 5 $US, {{ et }}", ()) == "Il coûte 5 $US, {{ et }}"  # not the source's: French
 
 
 def test_reserved_tokens_are_distinct() -> None:

@@ -124,24 +124,32 @@ def protect_target(text: str, placeholders: tuple[str, ...]) -> str | None:
 def restore(text: str, placeholders: tuple[str, ...], *, complete: bool = True) -> str:
     """Put the source's placeholders back in place of the reserved tokens.
 
-    A token the source does not have is dropped (the model invented it), and so
-    is a placeholder the model spelled out in pieces (``%`` then ``i``): every
-    placeholder of the source became a token, so any other is invented (unless
-    the source filled every token: ``protect`` left the rest as text). With
+    A token the source does not have is dropped (the model invented it), and
+    so is a copy the model spelled out in pieces (``%`` then ``i``) of a source
+    placeholder whose token it also wrote; spelled out in place of a token that
+    never came, it stands for that placeholder where it is. Other text that
+    looks like a placeholder (``5 $US``) is the model's French and is kept. With
     ``complete`` (a finished translation), a placeholder the output lost is
     appended at the end, so a translation never loses or invents a placeholder.
     Without it (an unfinished streaming prefix), the missing ones may still come.
     """
+    present = {int(k) for k in _TOKEN.findall(text)}
     seen: set[int] = set()
     invented = False
 
     def repl(m: re.Match[str]) -> str:
         nonlocal invented
         t = _TOKEN.fullmatch(m.group(0))
-        if t is None and len(placeholders) >= MAX_PLACEHOLDERS:
-            return m.group(0)
-        k = int(t.group(1)) if t else -1
-        if not 0 <= k < len(placeholders) or k in seen:
+        if t is None:  # spelled out, not a token
+            same = [i for i, p in enumerate(placeholders) if p == m.group(0)]
+            free = [i for i in same if i not in present and i not in seen]
+            if not same or free:
+                seen.update(free[:1])
+                return m.group(0)
+            invented = True
+            return ""
+        k = int(t.group(1))
+        if k >= len(placeholders) or k in seen:
             invented = True
             return ""
         seen.add(k)
