@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import copy
 import json
 import logging
 import os
@@ -42,8 +43,7 @@ from export.quantize import SCHEME as INT8_SCHEME
 from export.quantize import quantize_graph
 from export.verify import DYNAMIC_AXES, VerificationError, verify_repository
 from service.models.manifest import (DECODER_INPUTS, DECODER_OUTPUTS, ENCODER_INPUTS, ENCODER_OUTPUTS,
-                                     FORMAT, MANIFEST, SIZES, checksums, load_manifest, sha256_file,
-                                     write_manifest)
+                                     FORMAT, SIZES, checksums, load_manifest, sha256_file, write_manifest)
 from service.text.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 
 OPSET = 17
@@ -280,12 +280,14 @@ def prune_repository(root: Path, keep: list[str]) -> list[str]:
     if unknown:
         raise ValueError(f"{root}: --keep {unknown[0]!r} is not a precision of the repository "
                          f"(choices: {', '.join(sorted(manifest.graphs))})")
-    raw = json.loads((root / MANIFEST).read_text())
-    kept = {f for p in keep for f in (raw["graphs"][p]["encoder"], raw["graphs"][p]["decoder_step"])}
+    raw = copy.deepcopy(manifest.raw)
+    kept = {f for p in keep for f in (manifest.graphs[p].encoder, manifest.graphs[p].decoder_step)}
     deleted = []
-    for precision in [p for p in raw["graphs"] if p not in keep]:
-        graph = raw["graphs"].pop(precision)
-        files = [f for f in (graph["encoder"], graph["decoder_step"]) if f not in kept]
+    for precision, graph in manifest.graphs.items():
+        if precision in keep:
+            continue
+        raw["graphs"].pop(precision)
+        files = [f for f in (graph.encoder, graph.decoder_step) if f not in kept]
         raw.setdefault("pruned", {})[precision] = {f: raw["files"].pop(f) for f in files}
         deleted += files
     write_manifest(root, raw)  # first: the manifest never lists a deleted file

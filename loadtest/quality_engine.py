@@ -22,7 +22,7 @@ from pathlib import Path
 import sacrebleu
 
 from service.decoding.engine import Engine
-from service.models.manifest import MANIFEST, write_manifest
+from service.models.manifest import MANIFEST, load_manifest, write_manifest
 from service.options import DecodingOptions
 
 BATCH = 32
@@ -48,7 +48,8 @@ def main() -> None:
     pairs = [json.loads(line) for line in args.test_split.read_text().splitlines() if line.strip()]
     sources, refs = [p["src_raw"] for p in pairs], [p["tgt_raw"] for p in pairs]
     rows, outputs = [], {}
-    for precision in ("fp32", "int8"):
+    precisions = [p for p in ("fp32", "int8") if p in load_manifest(args.repository, verify=False).graphs]
+    for precision in precisions:
         engine = Engine(args.repository, precision=precision, intra_op_threads=args.threads)
         for beam in sorted({1, args.beam}):
             hyps, seconds = translate_all(engine, sources, DecodingOptions(beam_size=beam))
@@ -59,15 +60,16 @@ def main() -> None:
                          "seconds": round(seconds, 1)})
             print(rows[-1], flush=True)
     for row in rows:
-        same = sum(a == b for a, b in zip(outputs[("fp32", row["beam_size"])],
-                                          outputs[(row["precision"], row["beam_size"])]))
-        row["identical_to_fp32"] = round(same / len(sources), 4)
+        fp32 = outputs.get(("fp32", row["beam_size"]))  # absent from a pruned repository
+        same = None if fp32 is None else sum(a == b for a, b in zip(fp32, outputs[(row["precision"], row["beam_size"])]))
+        row["identical_to_fp32"] = None if same is None else round(same / len(sources), 4)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "quality_engine.json").write_text(json.dumps(rows, indent=1) + "\n")
     lines = [f"# Engine quality ({args.repository}, {args.test_split.name}, {len(sources)} sentences)", "",
              "| precision | beam | BLEU | chrF | identical to fp32 | seconds |", "|---|---:|---:|---:|---:|---:|"]
     lines += [f"| {r['precision']} | {r['beam_size']} | {r['bleu']} | {r['chrf']} | "
-              f"{r['identical_to_fp32']:.1%} | {r['seconds']} |" for r in rows]
+              f"{'-' if r['identical_to_fp32'] is None else format(r['identical_to_fp32'], '.1%')} | "
+              f"{r['seconds']} |" for r in rows]
     (args.out / "quality_engine.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     if args.record:

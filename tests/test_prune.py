@@ -80,3 +80,15 @@ def test_verify_checks_the_kept_precision_and_asks_for_a_missing_checkpoint(prun
                                                    r"is not here .*; give --checkpoint"):
         verify.verify_repository(pruned, precision="int8")
     assert verify.verify_repository(pruned, checkpoint=tiny_checkpoint, precision="int8").ok
+
+
+def test_engine_quality_measures_the_precision_a_pruned_repository_has(pruned: Path, tiny_corpus: Path,
+                                                                       tmp_path: Path) -> None:
+    root = Path(__file__).resolve().parents[1]
+    run = subprocess.run([sys.executable, str(root / "loadtest" / "quality_engine.py"), str(pruned),
+                          str(tiny_corpus / "test.jsonl"), "--beam", "2", "--threads", "1", "--out", str(tmp_path)],
+                         capture_output=True, text=True, cwd=root)
+    assert run.returncode == 0, run.stderr
+    rows = json.loads((tmp_path / "quality_engine.json").read_text())
+    assert [(r["precision"], r["beam_size"], r["identical_to_fp32"]) for r in rows] == [("int8", 1, None),
+                                                                                       ("int8", 2, None)]

@@ -134,9 +134,12 @@ def checksums(root: Path, files: list[str]) -> dict[str, str]:
 
 
 def write_manifest(root: Path, manifest: dict[str, Any]) -> Path:
-    """Write ``manifest.json`` (keys sorted, stable across runs)."""
+    """Write ``manifest.json`` (keys sorted, stable across runs) atomically: a server polling
+    the repository, or an interrupted rewrite, never sees half a manifest."""
     out = root / MANIFEST
-    out.write_text(json.dumps(manifest, indent=1, sort_keys=True, ensure_ascii=False) + "\n")
+    tmp = out.with_name(f".{MANIFEST}.tmp")
+    tmp.write_text(json.dumps(manifest, indent=1, sort_keys=True, ensure_ascii=False) + "\n")
+    tmp.replace(out)
     return out
 
 
