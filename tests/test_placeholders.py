@@ -42,6 +42,9 @@ def test_restore_never_loses_or_invents() -> None:
     assert ph.restore("Supprimer %s fichiers ?", ("%s",)) == "Supprimer %s fichiers ?"  # for the token: in place
     assert ph.restore("｟0｠ et %s", ("%s", "%s")) == "%s et %s"  # the second %s's token never came
     assert ph.restore("Il coûte 5 $US, {{ et }}", ()) == "Il coûte 5 $US, {{ et }}"  # not the source's: French
+    # text around tokens that would read as one placeholder with them (en-fr/3 on a weechat help text)
+    assert ph.restore("{if:$｟0｠==b=｟1｠:[｟2｠]}", ("{a}", "${b}", "${c}")) == "{if:${a}==b=${b}:[${c}]}"
+    assert ph.restore("<b ｟0｠ c>", ("%s",)) == "<b %s c>"
 
 
 def test_reserved_tokens_are_distinct() -> None:

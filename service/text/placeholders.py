@@ -133,29 +133,31 @@ def restore(text: str, placeholders: tuple[str, ...], *, complete: bool = True) 
     appended at the end, so a translation never loses or invents a placeholder.
     Without it (an unfinished streaming prefix), the missing ones may still come.
     """
-    present = {int(k) for k in _TOKEN.findall(text)}
+    parts = _TOKEN.split(text)  # text, token index, text, ...: no match spans a token
+    present = {int(k) for k in parts[1::2]}
     seen: set[int] = set()
     invented = False
 
-    def repl(m: re.Match[str]) -> str:
+    def spelled(m: re.Match[str]) -> str:
         nonlocal invented
-        t = _TOKEN.fullmatch(m.group(0))
-        if t is None:  # spelled out, not a token
-            same = [i for i, p in enumerate(placeholders) if p == m.group(0)]
-            free = [i for i in same if i not in present and i not in seen]
-            if not same or free:
-                seen.update(free[:1])
-                return m.group(0)
-            invented = True
-            return ""
-        k = int(t.group(1))
-        if k >= len(placeholders) or k in seen:
-            invented = True
-            return ""
-        seen.add(k)
-        return placeholders[k]
+        same = [i for i, p in enumerate(placeholders) if p == m.group(0)]
+        free = [i for i in same if i not in present and i not in seen]
+        if not same or free:
+            seen.update(free[:1])
+            return m.group(0)
+        invented = True
+        return ""
 
-    out = _PATTERN.sub(repl, text)
+    pieces = []
+    for n, part in enumerate(parts):
+        if n % 2 == 0:
+            pieces.append(_PATTERN.sub(spelled, part))
+        elif int(part) >= len(placeholders) or int(part) in seen:
+            invented = True
+        else:
+            seen.add(int(part))
+            pieces.append(placeholders[int(part)])
+    out = "".join(pieces)
     if invented:
         out = re.sub(r"  +", " ", out).strip()
     missing = [p for k, p in enumerate(placeholders) if k not in seen]
