@@ -82,7 +82,7 @@ log "time from docker run to SERVING: $(seconds_since "$started") s"
 
 out=$("$NMT" translate --server "127.0.0.1:$PORT" "Open the file" "Delete %s files?")
 [ "$(echo "$out" | wc -l)" = 2 ] || fail "expected 2 translations, got: $out"
-echo "$out" | grep -q '%s' || fail "placeholder %s lost: $out"
+grep -q '%s' <<< "$out" || fail "placeholder %s lost: $out"
 log "translated: $(echo "$out" | tr '\n' '|')"
 
 for _ in $(seq 60); do  # the image's own HEALTHCHECK (first run after its 10 s interval)
@@ -124,7 +124,9 @@ wait "$client"
 [ "$(wc -l < "$TEXTS.out")" = 32 ] || fail "expected 32 translations, got $(wc -l < "$TEXTS.out")"
 code=$(docker inspect -f '{{.State.ExitCode}}' "$NAME")
 [ "$code" = 0 ] || { docker logs "$NAME"; fail "container exited $code after SIGTERM"; }
-docker logs "$NAME" 2>&1 | grep -q draining || fail "no drain in the log"
+# Not `docker logs | grep -q`: under pipefail, grep leaving at the first match can SIGPIPE docker logs.
+logs=$(docker logs "$NAME" 2>&1)
+grep -q draining <<< "$logs" || fail "no drain in the log"
 log "drained: the in-flight request completed (32 translations), exit code 0"
 rm -f "$TEXTS" "$TEXTS".*
 
