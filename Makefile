@@ -140,9 +140,8 @@ model: $(BUILD)/train-v2-$(ATTENTION)$(INIT_TAG)/best.pt
 		--quantize int8 --test-split $(CORPUS)/test.jsonl --quality models/en-fr/evaluation-3/results.json --force
 	$(BIN)/python loadtest/quality_engine.py $(BUILD)/en-fr/3 $(CORPUS)/test.jsonl --record \
 		--out loadtest/results/quality_engine_en-fr-3
-	rm -rf $(BUILD)/en-fr/3-int8 && cp -r $(BUILD)/en-fr/3 $(BUILD)/en-fr/3-int8
-	$(BIN)/nmt prune $(BUILD)/en-fr/3-int8 --keep int8
-	rm -rf models/en-fr/.3.tmp && cp -r $(BUILD)/en-fr/3-int8 models/en-fr/.3.tmp
+	rm -rf models/en-fr/.3.tmp && cp -r $(BUILD)/en-fr/3 models/en-fr/.3.tmp
+	$(BIN)/nmt prune models/en-fr/.3.tmp --keep int8
 	rm -rf models/en-fr/3 && mv models/en-fr/.3.tmp models/en-fr/3
 
 # the four attention kinds, each exported (fp32, int8) and verified into $(BUILD)/family/<kind>/1/

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import copy
 import json
 import logging
 import os
@@ -280,7 +279,7 @@ def prune_repository(root: Path, keep: list[str]) -> list[str]:
     if unknown:
         raise ValueError(f"{root}: --keep {unknown[0]!r} is not a precision of the repository "
                          f"(choices: {', '.join(sorted(manifest.graphs))})")
-    raw = copy.deepcopy(manifest.raw)
+    raw = manifest.raw  # edited in place: the parsed manifest is not used again
     kept = {f for p in keep for f in (manifest.graphs[p].encoder, manifest.graphs[p].decoder_step)}
     deleted = []
     for precision, graph in manifest.graphs.items():

@@ -60,9 +60,9 @@ def main() -> None:
                          "seconds": round(seconds, 1)})
             print(rows[-1], flush=True)
     for row in rows:
-        fp32 = outputs.get(("fp32", row["beam_size"]))  # absent from a pruned repository
-        same = None if fp32 is None else sum(a == b for a, b in zip(fp32, outputs[(row["precision"], row["beam_size"])]))
-        row["identical_to_fp32"] = None if same is None else round(same / len(sources), 4)
+        fp32, hyps = outputs.get(("fp32", row["beam_size"])), outputs[(row["precision"], row["beam_size"])]
+        row["identical_to_fp32"] = (None if fp32 is None  # a pruned repository has no fp32 graphs
+                                    else round(sum(a == b for a, b in zip(fp32, hyps)) / len(sources), 4))
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "quality_engine.json").write_text(json.dumps(rows, indent=1) + "\n")
     lines = [f"# Engine quality ({args.repository}, {args.test_split.name}, {len(sources)} sentences)", "",

@@ -152,11 +152,11 @@ def restore(text: str, placeholders: tuple[str, ...], *, complete: bool = True) 
     for n, part in enumerate(parts):
         if n % 2 == 0:
             pieces.append(_PATTERN.sub(spelled, part))
-        elif int(part) >= len(placeholders) or int(part) in seen:
+        elif (k := int(part)) >= len(placeholders) or k in seen:
             invented = True
         else:
-            seen.add(int(part))
-            pieces.append(placeholders[int(part)])
+            seen.add(k)
+            pieces.append(placeholders[k])
     out = "".join(pieces)
     if invented:
         out = re.sub(r"  +", " ", out).strip()
