@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Sequence
 
 from service.decoding.batch import Batch
+from service.decoding.int8_form import FormChoice
 from service.decoding.runtime import PROVIDERS, Runtime
 from service.errors import ModelRepositoryError, invalid
 from service.interface import Decoded, Prepared, Translation
@@ -32,7 +33,8 @@ class Engine:
 
     def __init__(self, manifest_or_path: Manifest | str | Path, *, precision: str = "fp32",
                  provider: str = "cpu", intra_op_threads: int | None = None,
-                 limits: Limits = Limits(), decoder_spinning: bool = True) -> None:
+                 limits: Limits = Limits(), decoder_spinning: bool = True,
+                 int8_form: FormChoice = FormChoice.AUTO) -> None:
         if precision not in PRECISIONS:
             raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
         if provider not in PROVIDERS:
@@ -45,7 +47,8 @@ class Engine:
         self.vocab_size = int(manifest.model_config.get("tgt_vocab_size",
                                                         self.tokenizer.target.get_piece_size()))
         self.runtime = Runtime(manifest, precision=precision, provider=provider,
-                               intra_op_threads=intra_op_threads, decoder_spinning=decoder_spinning)
+                               intra_op_threads=intra_op_threads, decoder_spinning=decoder_spinning,
+                               int8_form=int8_form)
         self.max_source_tokens = min(limits.max_source_tokens, manifest.max_source_tokens)
 
     def prepare(self, text: str, options: DecodingOptions, index: int) -> Prepared:
@@ -60,6 +63,12 @@ class Engine:
                           "(the model's maximum input, EOS included)", len(encoded.ids))
         return Prepared(text=text, source_ids=tuple(encoded.ids), source_pieces=tuple(encoded.pieces),
                         placeholders=encoded.placeholders, options=options)
+
+    @property
+    def int8_form(self) -> str:
+        """The int8 products' form in use ("u8s8", "u8u8"; "" for fp32 graphs and on CUDA)."""
+        form = self.runtime.int8_form
+        return form.value if form is not None else ""
 
     def new_batch(self) -> Batch:
         """An empty running batch on this engine's sessions."""

@@ -12,10 +12,14 @@ have no gather input. Only the small outputs (top-k, attention) come back.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
+import onnx
 import onnxruntime as ort
+
+from service.decoding import int8_form
+from service.decoding.int8_form import FormChoice, Int8Form
 
 from service.errors import ModelRepositoryError, ProviderUnavailableError
 from service.models.manifest import (DECODER_INPUTS, DECODER_OUTPUTS, ENCODER_INPUTS, ENCODER_OUTPUTS,
@@ -24,6 +28,8 @@ from service.models.manifest import (DECODER_INPUTS, DECODER_OUTPUTS, ENCODER_IN
 PROVIDERS = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider"}
 STEP_OUTPUTS = ["topk_log_probs", "topk_ids", "next_state", "attention"]  # log_probs stays inside
 CUDA_DEVICE_ID = 0
+KNOWN_ANSWER_ROWS, KNOWN_ANSWER_SRC_LEN = 24, 12  # the fixed batch both int8 forms must agree on
+KNOWN_ANSWER_EOS = 3
 
 
 @dataclass(frozen=True)
@@ -79,10 +85,12 @@ def _check_provider(provider: str) -> list[str]:
 
 
 def _load_session(path: str, options: ort.SessionOptions, providers: list[str],
-                  inputs: dict, outputs: dict) -> ort.InferenceSession:
-    """A session whose input and output names are the contract's, or ModelRepositoryError."""
+                  inputs: dict, outputs: dict, *, model: bytes | None = None) -> ort.InferenceSession:
+    """A session whose input and output names are the contract's, or ModelRepositoryError
+    (``model``: the graph of ``path`` as converted in memory)."""
     try:
-        session = ort.InferenceSession(path, sess_options=options, providers=providers)
+        session = ort.InferenceSession(path if model is None else model, sess_options=options,
+                                       providers=providers)
     except Exception as e:  # onnxruntime raises several private exception types
         raise ModelRepositoryError(f"{path}: cannot be loaded by ONNX Runtime ({str(e)[:200]})") from None
     have_in = {i.name for i in session.get_inputs()}
@@ -98,22 +106,62 @@ class Runtime:
     """The encoder and decoder-step sessions of one precision on one provider."""
 
     def __init__(self, manifest: Manifest, *, precision: str, provider: str,
-                 intra_op_threads: int | None, decoder_spinning: bool = True) -> None:
+                 intra_op_threads: int | None, decoder_spinning: bool = True,
+                 int8_form: FormChoice = FormChoice.AUTO) -> None:
         if precision not in manifest.graphs:
             raise ModelRepositoryError(f"{manifest.root}: no {precision!r} graphs "
                                        f"(the manifest has {sorted(manifest.graphs)})")
         providers = _check_provider(provider)
         graphs = manifest.graphs[precision]
         self.provider = provider
-        self.encoder = _load_session(str(manifest.path(graphs.encoder)), _session_options(intra_op_threads),
-                                     providers, ENCODER_INPUTS, ENCODER_OUTPUTS)
-        self.decoder = _load_session(str(manifest.path(graphs.decoder_step)),
-                                     _session_options(intra_op_threads, spinning=decoder_spinning),
-                                     providers, DECODER_INPUTS, DECODER_OUTPUTS)
+        paths = (str(manifest.path(graphs.encoder)), str(manifest.path(graphs.decoder_step)))
+
+        def load(models: tuple[bytes | None, bytes | None]) -> tuple[ort.InferenceSession, ...]:
+            return (_load_session(paths[0], _session_options(intra_op_threads), providers,
+                                  ENCODER_INPUTS, ENCODER_OUTPUTS, model=models[0]),
+                    _load_session(paths[1], _session_options(intra_op_threads, spinning=decoder_spinning),
+                                  providers, DECODER_INPUTS, DECODER_OUTPUTS, model=models[1]))
+
+        self.encoder, self.decoder = load((None, None))
+        # the int8 products' form (service.decoding.int8_form); CUDA and fp32 run the graphs as shipped
+        self.int8_form: Int8Form | None = None
+        self.int8_form_reason = "fp32 graphs" if precision != "int8" else f"provider {provider}"
+        if precision == "int8" and provider == "cpu":
+            self.int8_form, self.int8_form_reason = self._choose_form(paths, load, int8_form)
         if provider == "cuda" and PROVIDERS["cuda"] not in self.decoder.get_providers():
             raise ProviderUnavailableError(
                 "provider 'cuda' requested but ONNX Runtime could not start it "
                 "(no GPU visible, or CUDA/cuDNN libraries missing)")
+
+    def _choose_form(self, paths: tuple[str, str], load: Callable, choice: FormChoice
+                     ) -> tuple[Int8Form, str]:
+        """The form for this CPU (``int8_form.decide``); u8 x s8 only if a known-answer batch gives
+        the shipped form's bits in both graphs, else the shipped sessions stay (one log line)."""
+        form, why = int8_form.decide(choice, int8_form.cpu_flags())
+        if form is Int8Form.U8U8:
+            return form, why
+        try:
+            graphs = [onnx.load(p) for p in paths]
+            encoder, decoder = load(tuple(int8_form.to_s8(g)[0].SerializeToString() for g in graphs))
+            feed = int8_form.encoder_feed(batch=KNOWN_ANSWER_ROWS, src_len=KNOWN_ANSWER_SRC_LEN,
+                                          vocab_size=int8_form.source_vocabulary(graphs[0]),
+                                          eos=KNOWN_ANSWER_EOS)
+            problem = (int8_form.known_answer(_runner(self.encoder), _runner(encoder), feed)
+                       or int8_form.known_answer(_runner(self.decoder), _runner(decoder), self._step_feed()))
+        except (ValueError, ModelRepositoryError) as e:  # a graph the conversion does not know
+            problem = f"conversion failed: {e}"
+        if problem is not None:
+            int8_form.log.warning("int8 form u8s8 (%s) refused: it does not reproduce u8u8 on the "
+                                  "known-answer batch (%s); serving u8u8", why, problem)
+            return Int8Form.U8U8, f"u8s8 failed the known-answer check ({problem})"
+        self.encoder, self.decoder = encoder, decoder
+        return form, why
+
+    def _step_feed(self) -> dict[str, np.ndarray]:
+        shapes = {a.name: a.shape for a in [*self.decoder.get_inputs(), *self.decoder.get_outputs()]}
+        return int8_form.step_feed(rows=KNOWN_ANSWER_ROWS, src_len=KNOWN_ANSWER_SRC_LEN,
+                                   state_size=shapes["state"][1], ctx_size=shapes["annotations"][2],
+                                   key_size=shapes["keys"][2], vocab_size=shapes["log_probs"][1])
 
     def encode(self, src_ids: np.ndarray, src_lengths: np.ndarray) -> EncoderOutput:
         """src_ids (batch, src_len) int64, src_lengths (batch,) int64."""
@@ -174,6 +222,10 @@ class Runtime:
         topk_lp, topk_ids, next_state, attention = binding.get_outputs()
         return StepOutput(topk_log_probs=topk_lp.numpy(), topk_ids=topk_ids.numpy(),
                           attention=attention.numpy(), next_state=next_state)
+
+
+def _runner(session: ort.InferenceSession) -> Callable[[dict], list[np.ndarray]]:
+    return lambda feed: session.run(None, dict(feed))
 
 
 def _step_feed(prev_tokens: np.ndarray, state: Any, context: Context, k: int) -> dict[str, Any]:
