@@ -22,7 +22,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from service.decoding import layout
+from service.decoding import layout, shortlist
 from service.decoding.runtime import Runtime, StepOutput
 from service.decoding.search import History, apply, choose, normalized_score
 from service.interface import Decoded, Finished, Key, Prepared, SpecialIds
@@ -35,6 +35,7 @@ class _Text:
     key: Key
     prepared: Prepared
     start: int  # the history step of its first decoder step
+    candidates: np.ndarray | None = None  # (n,) target ids it may produce (the shortlist), None: all
     finished: list[Finished] = field(default_factory=list)
 
     @property
@@ -58,6 +59,7 @@ class Batch:
         self._history = History()
         self._attention = 0  # texts that keep attention
         self._layout: tuple[np.ndarray, list] = (np.zeros(1, dtype=np.int64), [])  # see _new_layout
+        self._candidates: shortlist.Candidates | None = None  # the shortlist's inputs for this layout
 
     # -- the DecodeBatch interface ------------------------------------------------------
 
@@ -78,7 +80,9 @@ class Batch:
             raise ValueError(f"keys already in the batch or repeated: {sorted(map(repr, new_keys))}")
         # longest first: short texts tend to finish first, and leavers at the end cost no copy
         ordered = sorted(items, key=lambda item: -len(item[1].source_ids))
-        texts = [_Text(key=key, prepared=p, start=self._history.steps) for key, p in ordered]
+        lists = self._runtime.shortlist
+        texts = [_Text(key=key, prepared=p, start=self._history.steps,
+                       candidates=None if lists is None else lists.of_text(p.source_ids)) for key, p in ordered]
         src, lengths = layout.pad_sources([t.prepared.source_ids for t in texts], self._special.pad)
         encoded = self._runtime.encode(src, lengths)
         beams = np.array([t.prepared.rows for t in texts], dtype=np.int64)
@@ -107,7 +111,7 @@ class Batch:
         if not self._texts:
             return []
         k = min(2 * int(self._beams.max()), self._vocab_size)
-        out = self._runtime.step(self._prev, self._state, self._context.device, k)
+        out = self._runtime.step(self._prev, self._state, self._context.device, k, self._candidates)
         step = self._history.steps
         offsets = self._offsets  # (texts + 1,)
         tokens, parents = np.empty_like(self._prev), np.empty_like(self._prev)
@@ -190,6 +194,10 @@ class Batch:
         groups = ([(int(sizes[0]), None)] if len(sizes) == 1 else
                   [(int(b), np.flatnonzero(self._beams == b)) for b in sizes])
         self._layout = (np.concatenate([[0], np.cumsum(self._beams)]), groups)
+        self._candidates = None
+        if self._runtime.shortlist is not None and self._texts:
+            self._candidates = shortlist.candidates(self._runtime.output_layer, [t.candidates for t in self._texts],
+                                                    self._beams, pad_id=self._special.pad)
 
     def _choose(self, out: StepOutput, beam: int, members: np.ndarray | None, rows: np.ndarray | None,
                 offsets: np.ndarray):

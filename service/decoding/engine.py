@@ -1,7 +1,7 @@
 """The decoding engine: a model repository on ONNX Runtime, greedy and beam search.
 
 ``Engine`` loads a repository (checksums verified), its tokenizers and the ONNX
-Runtime sessions of one precision on one provider; ``prepare`` tokenizes a
+Runtime sessions of one precision on one provider; ``prepare_text`` tokenizes a
 text of a validated request; ``new_batch`` gives a running batch
 (``service.decoding.batch``) that the scheduler drives step by step, in token
 ids; ``translation`` and ``partial_text`` turn ids into text
@@ -17,6 +17,8 @@ from typing import Sequence
 
 from service.decoding.batch import Batch
 from service.decoding.int8_form import FormChoice
+from service.decoding.shortlist import ShortlistChoice, always_ids, load_shortlist
+from service.decoding.shortlist import decide as decide_shortlist
 from service.decoding.runtime import PROVIDERS, Runtime
 from service.errors import ModelRepositoryError, invalid
 from service.interface import Decoded, Prepared, Translation
@@ -34,7 +36,8 @@ class Engine:
     def __init__(self, manifest_or_path: Manifest | str | Path, *, precision: str = "fp32",
                  provider: str = "cpu", intra_op_threads: int | None = None,
                  limits: Limits = Limits(), decoder_spinning: bool = True,
-                 int8_form: FormChoice = FormChoice.AUTO) -> None:
+                 int8_form: FormChoice = FormChoice.AUTO,
+                 shortlist: ShortlistChoice = ShortlistChoice.AUTO) -> None:
         if precision not in PRECISIONS:
             raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
         if provider not in PROVIDERS:
@@ -46,12 +49,15 @@ class Engine:
         self.special = manifest.special
         self.vocab_size = int(manifest.model_config.get("tgt_vocab_size",
                                                         self.tokenizer.target.get_piece_size()))
+        record = manifest.raw.get("shortlist")
+        use, self.shortlist_reason = decide_shortlist(shortlist, record, precision=precision)
+        lists = load_shortlist(manifest.path(record["file"]), always=always_ids(self.tokenizer.target)) if use else None
         self.runtime = Runtime(manifest, precision=precision, provider=provider,
                                intra_op_threads=intra_op_threads, decoder_spinning=decoder_spinning,
-                               int8_form=int8_form)
+                               int8_form=int8_form, shortlist=lists)
         self.max_source_tokens = min(limits.max_source_tokens, manifest.max_source_tokens)
 
-    def prepare(self, text: str, options: DecodingOptions, index: int) -> Prepared:
+    def prepare_text(self, text: str, options: DecodingOptions, index: int) -> Prepared:
         """Tokenize one text of a validated request, with placeholder protection.
 
         Raises NmtError (INVALID_ARGUMENT) naming ``texts[index]`` when the text has
@@ -70,6 +76,18 @@ class Engine:
         form = self.runtime.int8_form
         return form.value if form is not None else ""
 
+    @property
+    def shortlist(self) -> bool:
+        """Whether steps project onto the texts' shortlist candidates (``--shortlist``)."""
+        return self.runtime.shortlist is not None
+
+    def graph_shapes(self) -> dict[str, dict[str, list[int | str | None]]]:
+        """Each graph's inputs and outputs as loaded, name -> shape (sizes and axis names), for
+        the check against the manifest's model config (``service.app.check_engine``)."""
+        sessions = {"encoder": self.runtime.encoder, "decoder_step": self.runtime.decoder}
+        return {graph: {a.name: list(a.shape) for a in [*s.get_inputs(), *s.get_outputs()]}
+                for graph, s in sessions.items()}
+
     def new_batch(self) -> Batch:
         """An empty running batch on this engine's sessions."""
         return Batch(self.runtime, special=self.special, vocab_size=self.vocab_size)
@@ -85,7 +103,7 @@ class Engine:
         """Validate, then translate ``texts`` in one batch; results in input order. (Any
         number of texts: ``Limits.max_texts`` bounds a request, not a batch.)"""
         validate_request(texts, options, dataclasses.replace(self.limits, max_texts=max(1, len(texts))))
-        prepared = [self.prepare(text, options, i) for i, text in enumerate(texts)]
+        prepared = [self.prepare_text(text, options, i) for i, text in enumerate(texts)]
         return [self.translation(p, d) for p, d in zip(prepared, self.decode(prepared))]
 
     def decode(self, prepared: Sequence[Prepared]) -> list[Decoded]:

@@ -20,6 +20,8 @@ import onnxruntime as ort
 
 from service.decoding import int8_form
 from service.decoding.int8_form import FormChoice, Int8Form
+from service.decoding.shortlist import INPUTS as SHORTLIST_TYPES
+from service.decoding.shortlist import Candidates, Shortlist, shortlist_graph
 
 from service.errors import ModelRepositoryError, ProviderUnavailableError
 from service.models.manifest import (DECODER_INPUTS, DECODER_OUTPUTS, ENCODER_INPUTS, ENCODER_OUTPUTS,
@@ -28,6 +30,7 @@ from service.models.manifest import (DECODER_INPUTS, DECODER_OUTPUTS, ENCODER_IN
 PROVIDERS = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider"}
 STEP_OUTPUTS = ["topk_log_probs", "topk_ids", "next_state", "attention"]  # log_probs stays inside
 CUDA_DEVICE_ID = 0
+SHORTLIST_INPUTS = {name: axes for name, (_, axes) in SHORTLIST_TYPES.items()}
 KNOWN_ANSWER_ROWS, KNOWN_ANSWER_SRC_LEN = 24, 12  # the fixed batch both int8 forms must agree on
 KNOWN_ANSWER_EOS = 3
 
@@ -107,7 +110,7 @@ class Runtime:
 
     def __init__(self, manifest: Manifest, *, precision: str, provider: str,
                  intra_op_threads: int | None, decoder_spinning: bool = True,
-                 int8_form: FormChoice = FormChoice.AUTO) -> None:
+                 int8_form: FormChoice = FormChoice.AUTO, shortlist: Shortlist | None = None) -> None:
         if precision not in manifest.graphs:
             raise ModelRepositoryError(f"{manifest.root}: no {precision!r} graphs "
                                        f"(the manifest has {sorted(manifest.graphs)})")
@@ -126,8 +129,13 @@ class Runtime:
         # the int8 products' form (service.decoding.int8_form); CUDA and fp32 run the graphs as shipped
         self.int8_form: Int8Form | None = None
         self.int8_form_reason = "fp32 graphs" if precision != "int8" else f"provider {provider}"
+        self._step_model: onnx.ModelProto | None = None  # the chosen form's step graph, once loaded
         if precision == "int8" and provider == "cpu":
             self.int8_form, self.int8_form_reason = self._choose_form(paths, load, int8_form)
+        self.shortlist: Shortlist | None = None
+        if shortlist is not None:
+            self._use_shortlist(paths[1], shortlist, options=_session_options(
+                intra_op_threads, spinning=decoder_spinning), providers=providers)
         if provider == "cuda" and PROVIDERS["cuda"] not in self.decoder.get_providers():
             raise ProviderUnavailableError(
                 "provider 'cuda' requested but ONNX Runtime could not start it "
@@ -142,7 +150,8 @@ class Runtime:
             return form, why
         try:
             graphs = [onnx.load(p) for p in paths]
-            encoder, decoder = load(tuple(int8_form.to_s8(g)[0].SerializeToString() for g in graphs))
+            encoder_bytes, decoder_bytes = (int8_form.to_s8(g)[0].SerializeToString() for g in graphs)
+            encoder, decoder = load((encoder_bytes, decoder_bytes))
             feed = int8_form.encoder_feed(batch=KNOWN_ANSWER_ROWS, src_len=KNOWN_ANSWER_SRC_LEN,
                                           vocab_size=int8_form.source_vocabulary(graphs[0]),
                                           eos=KNOWN_ANSWER_EOS)
@@ -155,7 +164,25 @@ class Runtime:
                                   "known-answer batch (%s); serving u8u8", why, problem)
             return Int8Form.U8U8, f"u8s8 failed the known-answer check ({problem})"
         self.encoder, self.decoder = encoder, decoder
+        self._step_model = onnx.ModelProto.FromString(decoder_bytes)
         return form, why
+
+    def _use_shortlist(self, path: str, shortlist: Shortlist, *, options: ort.SessionOptions,
+                       providers: list[str]) -> None:
+        """The step's two shortlist sessions (gathered, masked; ``service.decoding.shortlist``)
+        from the chosen form's graph; ModelRepositoryError when the graph has no such output layer."""
+        step = self._step_model if self._step_model is not None else onnx.load(path)
+        try:
+            gathered, self.output_layer = shortlist_graph(step)
+            masked, _ = shortlist_graph(step, gather=False)
+        except ValueError as e:
+            raise ModelRepositoryError(f"{path}: no shortlist for this graph ({e})") from None
+        self._step_sessions = {
+            kind: _load_session(path, options, providers, {**DECODER_INPUTS, **extra}, DECODER_OUTPUTS,
+                                model=graph.SerializeToString())
+            for kind, graph, extra in ((True, gathered, SHORTLIST_INPUTS),
+                                       (False, masked, {"candidate_mask": SHORTLIST_INPUTS["candidate_mask"]}))}
+        self.shortlist = shortlist
 
     def _step_feed(self) -> dict[str, np.ndarray]:
         shapes = {a.name: a.shape for a in [*self.decoder.get_inputs(), *self.decoder.get_outputs()]}
@@ -192,14 +219,18 @@ class Runtime:
             return state
         return self.state(self.host_state(state)[index])
 
-    def step(self, prev_tokens: np.ndarray, state: Any, context: Context, k: int) -> StepOutput:
-        """One decoder step on all rows; k = how many top candidates per row."""
+    def step(self, prev_tokens: np.ndarray, state: Any, context: Context, k: int,
+             candidates: Candidates | None = None) -> StepOutput:
+        """One decoder step on all rows; k = how many top candidates per row; ``candidates``: the
+        batch's shortlist (None: the whole vocabulary)."""
+        session = self.decoder if candidates is None else self._step_sessions[candidates.gathered]
+        extra = {} if candidates is None else candidates.feed
         if self.provider == "cpu":
-            topk_lp, topk_ids, next_state, attention = self.decoder.run(
-                STEP_OUTPUTS, _step_feed(prev_tokens, state, context, k))
+            topk_lp, topk_ids, next_state, attention = session.run(
+                STEP_OUTPUTS, {**_step_feed(prev_tokens, state, context, k), **extra})
             return StepOutput(topk_log_probs=topk_lp, topk_ids=topk_ids, attention=attention,
                               next_state=next_state)
-        return self._step_bound(prev_tokens, state, context, k)
+        return self._step_bound(session, prev_tokens, state, context, k, extra)
 
     def step_outputs(self, prev_tokens: np.ndarray, state: np.ndarray, context: Context, k: int
                      ) -> dict[str, np.ndarray]:
@@ -207,9 +238,12 @@ class Runtime:
         return dict(zip(DECODER_OUTPUTS, self.decoder.run(list(DECODER_OUTPUTS),
                                                           _step_feed(prev_tokens, state, context, k))))
 
-    def _step_bound(self, prev_tokens: np.ndarray, state: Any, context: Context, k: int) -> StepOutput:
-        binding = self.decoder.io_binding()
+    def _step_bound(self, session: ort.InferenceSession, prev_tokens: np.ndarray, state: Any,
+                    context: Context, k: int, extra: dict[str, np.ndarray]) -> StepOutput:
+        binding = session.io_binding()
         binding.bind_cpu_input("prev_tokens", prev_tokens)
+        for name, value in extra.items():
+            binding.bind_cpu_input(name, value)
         binding.bind_cpu_input("k", np.array(k, dtype=np.int64))
         binding.bind_ortvalue_input("state", state)
         binding.bind_ortvalue_input("annotations", context.annotations)
@@ -218,7 +252,7 @@ class Runtime:
         for name in STEP_OUTPUTS:
             binding.bind_output(name, "cuda" if name == "next_state" else "cpu",
                                 CUDA_DEVICE_ID if name == "next_state" else 0)
-        self.decoder.run_with_iobinding(binding)
+        session.run_with_iobinding(binding)
         topk_lp, topk_ids, next_state, attention = binding.get_outputs()
         return StepOutput(topk_log_probs=topk_lp.numpy(), topk_ids=topk_ids.numpy(),
                           attention=attention.numpy(), next_state=next_state)

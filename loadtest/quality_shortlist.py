@@ -1,0 +1,112 @@
+"""Does the lexical shortlist cost BLEU? The serving engine with and without it, on two splits.
+
+    python loadtest/quality_shortlist.py REPOSITORY CORPUS [--splits test long] [--beam 5] [--record]
+
+Decodes every source of ``CORPUS/<split>.jsonl`` with ``service.decoding.engine.Engine``
+(int8, the served graphs) twice: ``--shortlist off`` (the whole vocabulary) and
+``on`` (``service/decoding/shortlist.py``), greedy and beam ``--beam``, and scores
+them like ``nmt evaluate`` (sacreBLEU, chrF, placeholders restored). Writes
+``loadtest/results/quality_shortlist.{md,json}``; with ``--record`` also the
+manifest's ``shortlist.bleu.<split>.<greedy|beamN>`` = {full, shortlist}, from which
+``--shortlist auto`` decides (on when no figure loses more than 0.3 BLEU).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import time
+from pathlib import Path
+
+import sacrebleu
+
+from service.decoding.engine import Engine
+from service.decoding.int8_form import cpu_flags
+from service.decoding.shortlist import ShortlistChoice
+from service.models.manifest import MANIFEST, write_manifest
+from service.options import DecodingOptions
+
+BATCH = 32
+
+
+def translate_all(engine: Engine, sources: list[str], options: DecodingOptions) -> tuple[list[str], float]:
+    start = time.perf_counter()
+    out: list[str] = []
+    for b in range(0, len(sources), BATCH):
+        out += [t.hypotheses[0].text for t in engine.translate(sources[b:b + BATCH], options)]
+    return out, time.perf_counter() - start
+
+
+def measure(repository: Path, corpus: Path, splits: list[str], beam: int, threads: int) -> list[dict]:
+    engines = {mode: Engine(repository, precision="int8", intra_op_threads=threads, shortlist=mode)
+               for mode in (ShortlistChoice.OFF, ShortlistChoice.ON)}
+    rows = []
+    for split in splits:
+        pairs = [json.loads(line) for line in (corpus / f"{split}.jsonl").read_text().splitlines() if line.strip()]
+        sources, refs = [p["src_raw"] for p in pairs], [p["tgt_raw"] for p in pairs]
+        for size in sorted({1, beam}):
+            hyps = {}
+            for mode, engine in engines.items():
+                hyps[mode], seconds = translate_all(engine, sources, DecodingOptions(beam_size=size))
+                rows.append({"split": split, "beam_size": size, "shortlist": mode.value, "sentences": len(refs),
+                             "bleu": round(sacrebleu.corpus_bleu(hyps[mode], [refs]).score, 2),
+                             "chrf": round(sacrebleu.corpus_chrf(hyps[mode], [refs]).score, 2),
+                             "seconds": round(seconds, 1)})
+                print(rows[-1], flush=True)
+            same = sum(a == b for a, b in zip(hyps[ShortlistChoice.OFF], hyps[ShortlistChoice.ON]))
+            rows[-1]["identical_to_full"] = round(same / len(refs), 4)
+    return rows
+
+
+def markdown(rows: list[dict], repository: Path, meta: dict) -> str:
+    lines = [f"# Shortlist quality ({repository})", "",
+             f"int8 engine, {meta['machine']}, CPU flags {', '.join(meta['flags']) or 'none'}; shortlist "
+             f"{json.dumps(meta['shortlist'])}.", "",
+             "| split | beam | BLEU full | BLEU shortlist | chrF full | chrF shortlist | identical | s full | s shortlist |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for off, on in zip(rows[::2], rows[1::2]):
+        lines.append(f"| {off['split']} ({off['sentences']}) | {off['beam_size']} | {off['bleu']} | {on['bleu']} | "
+                     f"{off['chrf']} | {on['chrf']} | {on['identical_to_full']:.1%} | {off['seconds']} | "
+                     f"{on['seconds']} |")
+    return "\n".join(lines) + "\n"
+
+
+def record(repository: Path, rows: list[dict]) -> None:
+    path = repository / MANIFEST
+    manifest = json.loads(path.read_text())
+    bleu = manifest["shortlist"].setdefault("bleu", {})
+    for off, on in zip(rows[::2], rows[1::2]):
+        search = "greedy" if off["beam_size"] == 1 else f"beam{off['beam_size']}"
+        bleu.setdefault(off["split"], {})[search] = {"full": off["bleu"], "shortlist": on["bleu"],
+                                                    "sentences": off["sentences"]}
+    write_manifest(repository, manifest)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("repository", type=Path)
+    p.add_argument("corpus", type=Path, help="corpus directory with <split>.jsonl")
+    p.add_argument("--splits", nargs="+", default=["test", "long"])
+    p.add_argument("--beam", type=int, default=5)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--out", type=Path, default=Path("loadtest/results"))
+    p.add_argument("--record", action="store_true", help="write the figures into the manifest's shortlist.bleu")
+    args = p.parse_args(argv)
+    rows = measure(args.repository, args.corpus, args.splits, args.beam, args.threads)
+    shortlist = json.loads((args.repository / MANIFEST).read_text()).get("shortlist", {})
+    meta = {"machine": f"{platform.machine()}, {platform.processor() or 'cpu'}",
+            "flags": sorted(cpu_flags() & {"avx2", "avx512f", "avx512_vnni", "avx_vnni", "amx_int8"}),
+            "shortlist": {k: v for k, v in shortlist.items() if k != "bleu"}}
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "quality_shortlist.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1) + "\n")
+    text = markdown(rows, args.repository, meta)
+    (args.out / "quality_shortlist.md").write_text(text)
+    print(text)
+    if args.record:
+        record(args.repository, rows)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
