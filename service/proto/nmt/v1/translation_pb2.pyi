@@ -99,7 +99,7 @@ class ListModelsResponse(_message.Message):
     def __init__(self, models: _Optional[_Iterable[_Union[ModelInfo, _Mapping]]] = ...) -> None: ...
 
 class ModelInfo(_message.Message):
-    __slots__ = ("name", "version", "sha256", "precision", "provider", "languages", "quality", "is_default", "attention")
+    __slots__ = ("name", "version", "sha256", "precision", "provider", "languages", "quality", "is_default", "attention", "int8_form", "shortlist")
     class QualityEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -116,6 +116,8 @@ class ModelInfo(_message.Message):
     QUALITY_FIELD_NUMBER: _ClassVar[int]
     IS_DEFAULT_FIELD_NUMBER: _ClassVar[int]
     ATTENTION_FIELD_NUMBER: _ClassVar[int]
+    INT8_FORM_FIELD_NUMBER: _ClassVar[int]
+    SHORTLIST_FIELD_NUMBER: _ClassVar[int]
     name: str
     version: str
     sha256: str
@@ -125,4 +127,6 @@ class ModelInfo(_message.Message):
     quality: _containers.ScalarMap[str, float]
     is_default: bool
     attention: str
-    def __init__(self, name: _Optional[str] = ..., version: _Optional[str] = ..., sha256: _Optional[str] = ..., precision: _Optional[str] = ..., provider: _Optional[str] = ..., languages: _Optional[_Iterable[str]] = ..., quality: _Optional[_Mapping[str, float]] = ..., is_default: _Optional[bool] = ..., attention: _Optional[str] = ...) -> None: ...
+    int8_form: str
+    shortlist: bool
+    def __init__(self, name: _Optional[str] = ..., version: _Optional[str] = ..., sha256: _Optional[str] = ..., precision: _Optional[str] = ..., provider: _Optional[str] = ..., languages: _Optional[_Iterable[str]] = ..., quality: _Optional[_Mapping[str, float]] = ..., is_default: _Optional[bool] = ..., attention: _Optional[str] = ..., int8_form: _Optional[str] = ..., shortlist: _Optional[bool] = ...) -> None: ...
