@@ -33,8 +33,8 @@ FILE = "shortlist.npz"
 
 @dataclass(frozen=True)
 class ShortlistConfig:
-    per_source: int = 24  # targets kept per source piece
-    frequent: int = 256  # most frequent target pieces, given to every text
+    per_source: int = 64  # targets kept per source piece
+    frequent: int = 1000  # most frequent target pieces, given to every text
     min_count: int = 2  # pairs seen fewer times are noise
 
 
@@ -75,7 +75,9 @@ def build(counts: np.ndarray, target_counts: np.ndarray, config: ShortlistConfig
         offsets.append(offsets[-1] + (len(ids[-1]) if len(seen) else 0))
     frequent = np.argsort(-target_counts, kind="stable")[: config.frequent]
     flat = np.concatenate(ids) if ids else np.zeros(0, dtype=np.int64)
-    return np.asarray(offsets, dtype=np.int64), flat.astype(np.int32), np.sort(frequent).astype(np.int32)
+    small = counts.shape[1] <= np.iinfo(np.uint16).max + 1  # half the file for vocabularies up to 65,536
+    return (np.asarray(offsets, dtype=np.int64), flat.astype(np.uint16 if small else np.int32),
+            np.sort(frequent).astype(np.int32))
 
 
 def coverage(offsets: np.ndarray, ids: np.ndarray, frequent: np.ndarray, always: Iterable[int],
@@ -113,3 +115,27 @@ def write(repository: Path, corpus: Path, config: ShortlistConfig = ShortlistCon
     manifest["shortlist"] = {"file": FILE, **asdict(config), "valid": measured}
     write_manifest(repository, manifest)
     return manifest["shortlist"]
+
+
+def main(argv: list[str]) -> int:
+    """``nmt shortlist REPOSITORY --corpus DIR``."""
+    import argparse
+
+    p = argparse.ArgumentParser(prog="nmt shortlist", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("repository", type=Path, help="model repository (its manifest and tokenizers)")
+    p.add_argument("--corpus", type=Path, required=True, help="corpus directory: train.jsonl, valid.jsonl")
+    p.add_argument("--per-source", type=int, default=ShortlistConfig.per_source)
+    p.add_argument("--frequent", type=int, default=ShortlistConfig.frequent)
+    p.add_argument("--min-count", type=int, default=ShortlistConfig.min_count)
+    args = p.parse_args(argv)
+    for name in ("per_source", "frequent", "min_count"):
+        if getattr(args, name) < 1:
+            p.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    for path in (args.repository / MANIFEST, args.corpus / "train.jsonl", args.corpus / "valid.jsonl"):
+        if not path.is_file():
+            p.error(f"{path}: no such file")
+    record = write(args.repository, args.corpus, ShortlistConfig(
+        per_source=args.per_source, frequent=args.frequent, min_count=args.min_count))
+    print(json.dumps(record))
+    return 0
