@@ -14,9 +14,9 @@ CORPUS_PACKAGES := django==5.2.19 sphinx==9.0.4 wagtail==8.0.1 django-allauth==6
 	django-mailman3==1.3.15 django-filer==3.6.0 Flask-AppBuilder==5.3.0 django-debug-toolbar==8.0.0 django-two-factor-auth==1.18.1 \
 	djangorestframework==3.18.3 django-filter==26.2 django-mptt==0.20.0 django-import-export==4.4.3 django-simple-history==3.13.0 \
 	django-reversion==6.4.0 django-otp==1.7.5 django-extensions==4.1
-# Debian 12 (bookworm) packages whose French catalogs make up the rest of the corpus, pinned; export/debian_catalogs.py
+# Debian 12 (bookworm) packages whose French catalogs make up the rest of the corpus, pinned; export/data/debian_catalogs.py
 # fetches them with apt-get download (no root) and unpacks their catalogs into $(BUILD)/debian-packages.
-# Never a package or domain of export/heldout-exclude.txt (reserved for evaluation; the script refuses them).
+# Never a package or domain of export/data/heldout-exclude.txt (reserved for evaluation; the script refuses them).
 DEBIAN_CORPUS_PACKAGES := a2ps=1:4.14-8 accountsservice=22.08.8-6 acl=2.3.1-3 adduser=3.134 aisleriot=1:3.22.23-1 \
 	alsa-utils=1.2.8-1 apparmor=3.0.8-3 appstream=0.16.1-2+b1 apt-listchanges=3.24 apt=2.6.2 \
 	aria2=1.36.0-1 ark=4:22.12.3-1+deb12u1 aspell=0.60.8-4+b1 at-spi2-common=2.46.0-5 atril-common=1.26.0-2+deb12u4 \
@@ -119,7 +119,7 @@ proto: $(VENV)/.dev
 $(TOKENIZERS)/target.model: | $(VENV)/.dev
 	rm -rf $(BUILD)/corpus-packages
 	$(BIN)/pip install -q --no-deps --target $(BUILD)/corpus-packages $(CORPUS_PACKAGES)
-	$(BIN)/python -m export.debian_catalogs --output $(BUILD)/debian-packages $(DEBIAN_CORPUS_PACKAGES)
+	$(BIN)/python -m export.data.debian_catalogs --output $(BUILD)/debian-packages $(DEBIAN_CORPUS_PACKAGES)
 	$(BIN)/nmt corpus --catalogs $(BUILD)/debian-packages $(BUILD)/corpus-packages --output $(CORPUS)
 	$(BIN)/nmt tokenizers $(CORPUS) --output $(TOKENIZERS)
 

@@ -12,8 +12,8 @@ import sys
 from pathlib import Path
 from typing import Callable
 
-from export.checkpoint import CheckpointError
-from export.corpus import CorpusError
+from export.data.corpus import CorpusError
+from export.train.checkpoint import CheckpointError
 from service.errors import ModelRepositoryError
 from service.models.attention import DEFAULT as DEFAULT_KIND
 from service.models.attention import KINDS
@@ -37,7 +37,7 @@ def one_line_errors(name: str) -> Callable:
 
 @one_line_errors("corpus")
 def corpus_main(argv: list[str]) -> int:
-    from export import corpus
+    from export.data import corpus
 
     p = argparse.ArgumentParser(prog="nmt corpus", description=corpus.__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -64,7 +64,7 @@ def corpus_main(argv: list[str]) -> int:
 
 @one_line_errors("tokenizers")
 def tokenizers_main(argv: list[str]) -> int:
-    from export import tokenizers
+    from export.data import tokenizers
 
     p = argparse.ArgumentParser(prog="nmt tokenizers", description=tokenizers.__doc__)
     p.add_argument("corpus", type=Path, help="corpus directory (train.jsonl)")
@@ -80,7 +80,7 @@ def tokenizers_main(argv: list[str]) -> int:
 
 @one_line_errors("train")
 def train_main(argv: list[str]) -> int:
-    from export import train
+    from export.train import training as train
 
     d = train.TrainConfig()
     p = argparse.ArgumentParser(prog="nmt train", description=train.__doc__)
@@ -123,7 +123,7 @@ def train_main(argv: list[str]) -> int:
 
 @one_line_errors("release")
 def release_main(argv: list[str]) -> int:
-    from export.checkpoint import release
+    from export.train.checkpoint import release
 
     p = argparse.ArgumentParser(prog="nmt release",
                                 description="Strip a training checkpoint for shipping: fp16 weights, "
@@ -141,21 +141,21 @@ def release_main(argv: list[str]) -> int:
 
 @one_line_errors("evaluate")
 def evaluate_main(argv: list[str]) -> int:
-    from export import evaluate
+    from export.evaluate import evaluate
 
     return evaluate.main(argv)
 
 
 @one_line_errors("export")
 def export_main(argv: list[str]) -> int:
-    from export import onnx_export
+    from export.graphs import repository
 
-    return onnx_export.main(argv)
+    return repository.main(argv)
 
 
 @one_line_errors("prune")
 def prune_main(argv: list[str]) -> int:
-    from export.onnx_export import prune_repository
+    from export.graphs.repository import prune_repository
 
     p = argparse.ArgumentParser(prog="nmt prune", description=prune_repository.__doc__)
     p.add_argument("repo", type=Path, help="model repository, e.g. models/en-fr/3")
@@ -169,13 +169,13 @@ def prune_main(argv: list[str]) -> int:
 
 @one_line_errors("verify")
 def verify_main(argv: list[str]) -> int:
-    from export import verify
+    from export.graphs import verify
 
     return verify.main(argv)
 
 
 @one_line_errors("compare")
 def compare_main(argv: list[str]) -> int:
-    from export import compare
+    from export.evaluate import compare
 
     return compare.main(argv)

@@ -49,11 +49,12 @@ import numpy as np  # noqa: E402
 import onnxruntime  # noqa: E402
 import torch  # noqa: E402
 
-from export.checkpoint import load_checkpoint  # noqa: E402
-from export.model import ModelConfig, RNNSearch  # noqa: E402
-from export.search import beam_search  # noqa: E402
-from export.train import collate  # noqa: E402
+from export.train.checkpoint import load_checkpoint  # noqa: E402
+from export.train.model import RNNSearch  # noqa: E402
+from export.train.search import beam_search  # noqa: E402
+from export.train.training import collate  # noqa: E402
 from service.decoding.engine import Engine  # noqa: E402
+from service.models.config import ModelConfig  # noqa: E402
 from service.models.manifest import load_manifest  # noqa: E402
 from service.options import DecodingOptions  # noqa: E402
 

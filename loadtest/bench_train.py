@@ -35,9 +35,10 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from export.corpus import read_split
-from export.model import ModelConfig, RNNSearch
-from export.train import TrainConfig, collate, encode_pairs, make_batches, pack_batches
+from export.data.pairs import read_split
+from export.train.model import RNNSearch
+from export.train.training import TrainConfig, collate, encode_pairs, make_batches, pack_batches
+from service.models.config import ModelConfig
 from service.text.tokenizer import PAD_ID, Tokenizer
 
 RESULTS = Path(__file__).parent / "results" / "train_speed.md"

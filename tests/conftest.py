@@ -96,7 +96,7 @@ def tiny_corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="session")
 def tiny_tokenizers(tiny_corpus: Path) -> Path:
-    from export import tokenizers
+    from export.data import tokenizers
 
     out = tiny_corpus.parent / "tiny_tokenizers"
     tokenizers.train(tiny_corpus, out, src_vocab_size=60, tgt_vocab_size=60)
@@ -106,8 +106,9 @@ def tiny_tokenizers(tiny_corpus: Path) -> Path:
 def _save_untrained(tok_dir: Path, out: Path, seed: int = 0, **sizes: int) -> Path:
     import torch
 
-    from export.checkpoint import save_checkpoint
-    from export.model import ModelConfig, RNNSearch
+    from export.train.checkpoint import save_checkpoint
+    from export.train.model import RNNSearch
+    from service.models.config import ModelConfig
     from service.text.tokenizer import Tokenizer
 
     tok = Tokenizer(tok_dir / "source.model", tok_dir / "target.model")
@@ -137,7 +138,8 @@ def reversal_corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def reversal_checkpoint(reversal_corpus: Path) -> Path:
     """A small RNNsearch trained to reverse digit strings (the sanity task)."""
-    from export import tokenizers, train
+    from export.data import tokenizers
+    from export.train import training as train
 
     tok_dir = reversal_corpus.parent / "reversal_tokenizers"
     tokenizers.train(reversal_corpus, tok_dir, src_vocab_size=40, tgt_vocab_size=40)
@@ -151,7 +153,7 @@ def tiny_repository(tiny_checkpoint: Path, tmp_path_factory: pytest.TempPathFact
     """``tiny_checkpoint`` exported and verified: a model repository ``.../en-fr/1`` with
     fp32 and int8 graphs (greedy parity measured on random sources). Do not modify it:
     copy it first (``shutil.copytree``)."""
-    from export.onnx_export import export_repository
+    from export.graphs.repository import export_repository
 
     out = tmp_path_factory.mktemp("tiny_repository") / "en-fr" / "1"
     return export_repository(tiny_checkpoint, out, name="en-fr", version="1", quantize=True)
@@ -162,7 +164,7 @@ def reversal_repository(reversal_checkpoint: Path, reversal_corpus: Path,
                         tmp_path_factory: pytest.TempPathFactory) -> Path:
     """``reversal_checkpoint`` exported and verified (fp32 and int8, greedy parity on the
     reversal test split): a model repository ``.../reversal/1``. Copy before modifying."""
-    from export.onnx_export import export_repository
+    from export.graphs.repository import export_repository
 
     out = tmp_path_factory.mktemp("reversal_repository") / "reversal" / "1"
     return export_repository(reversal_checkpoint, out, name="reversal", version="1", quantize=True,

@@ -8,8 +8,8 @@ from pathlib import Path
 import polib
 import pytest
 
-from export import corpus
 from export.cli import corpus_main
+from export.data import corpus
 
 
 def _catalog(entries: list[polib.POEntry]) -> polib.POFile:

@@ -10,8 +10,9 @@ from pathlib import Path
 import polib
 import pytest
 
-from export import catalogs, corpus, debian_catalogs
 from export.cli import corpus_main
+from export.data import catalogs, corpus, debian_catalogs
+from export.data.pairs import normalize, read_split
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED_HELDOUT = ROOT.parent / "shared" / "heldout-exclude.txt"
@@ -40,7 +41,7 @@ def _splits(out: Path) -> dict[str, list[dict]]:
 
 
 def _debian_dir(root: Path, package: str, version: str, license: str) -> Path:
-    """A package directory as export/debian_catalogs.py leaves it."""
+    """A package directory as export/data/debian_catalogs.py leaves it."""
     pkg = root / package
     pkg.mkdir(parents=True)
     (pkg / catalogs.DEBIAN_MARKER).write_text(json.dumps(
@@ -93,7 +94,7 @@ def test_heldout_catalogs_never_reach_the_corpus(mixed_catalogs: Path, tmp_path:
     stems = {Path(s["path"]).stem for s in manifest["sources"]}
     assert stems == {"app", "coreutils"}
     assert manifest["heldout"]["catalogs_skipped"] == 4
-    assert manifest["heldout"]["list"] == "export/heldout-exclude.txt"
+    assert manifest["heldout"]["list"] == "export/data/heldout-exclude.txt"
     text = (out / "manifest.json").read_text()
     for name in (*catalogs.HELDOUT.domains, *catalogs.HELDOUT.packages):
         assert f"/{name}." not in text and f'"{name}' not in text
@@ -238,7 +239,7 @@ def test_same_source_in_several_catalogs_kept_once_in_one_split(tmp_path: Path) 
     assert len(where) == 400 and all(len(v) == 1 for v in where.values())  # each source once
     for s in sentences:
         assert where[s] == where[s.lower()]  # case variants share a split
-        assert where[s][0] == corpus.split_of(corpus.normalize(s), corpus.CorpusConfig())
+        assert where[s][0] == corpus.split_of(normalize(s), corpus.CorpusConfig())
 
 
 # ---------------------------------------------------------------- the long set
@@ -261,7 +262,7 @@ def test_long_set_rule(tmp_path: Path) -> None:
     splits = _splits(tmp_path / "out")
     long = splits["long"]
     assert long == sorted(long, key=lambda p: p["src"])
-    assert corpus.read_split(tmp_path / "out" / "long.jsonl")  # the Pair format
+    assert read_split(tmp_path / "out" / "long.jsonl")  # the Pair format
     trained = {p["src"].casefold() for s in ("train", "valid") for p in splits[s]}
     assert not trained & {p["src"].casefold() for p in long}
     test_srcs = {p["src"] for p in splits["test"]}
@@ -313,6 +314,6 @@ def test_committed_v2_manifest_has_no_heldout_catalog() -> None:
         name = source["package"].split(" ")[0].split("==")[0].split("=")[0]
         assert not held.has_package(name), source["package"]
         assert not any(f"/{p}/" in source["path"] for p in held.packages), source["path"]
-    assert manifest["heldout"]["list"] == "export/heldout-exclude.txt"
+    assert manifest["heldout"]["list"] == "export/heldout-exclude.txt"  # where it was when the corpus was built
     assert min(manifest["long"]["buckets"].values()) >= 50
     assert manifest["splits"]["train"] >= 2 * 57065  # v1: 57,065 train pairs

@@ -64,9 +64,9 @@ def test_parity_with_the_pytorch_reference(engine: Engine, reversal_checkpoint: 
                                            test_sources: list[str], beam: int) -> None:
     import torch
 
-    from export.checkpoint import load_checkpoint
-    from export.search import beam_search, greedy
-    from export.train import collate
+    from export.train.checkpoint import load_checkpoint
+    from export.train.search import beam_search, greedy
+    from export.train.training import collate
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # like the engine's sessions here; restored below

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import sacrebleu
 
-from export import evaluate
 from export.cli import train_main
+from export.evaluate import evaluate
 from service.cli import INSTALL_HINT
 from service.cli import main as nmt_main
 

@@ -13,10 +13,10 @@ import pytest
 import torch
 from onnx import TensorProto, helper, numpy_helper
 
-from export import parity, quantize, verify
-from service.decoding.runtime import Runtime
 from export.cli import export_main, verify_main
-from export.onnx_export import export_repository
+from export.graphs import parity, quantize, verify
+from export.graphs.repository import export_repository
+from service.decoding.runtime import Runtime
 from service.errors import ModelRepositoryError
 from service.models.manifest import (DECODER_INPUTS, DECODER_OUTPUTS, ENCODER_INPUTS, ENCODER_OUTPUTS,
                               FORMAT, MANIFEST, checksums, load_manifest, write_manifest)

@@ -206,7 +206,7 @@ def _double_hidden(root: Path, raw: dict) -> None:
     (lambda root, raw: raw.update(special_ids=[0, 1, 2, 3]),
      r"special_ids must be an object with integer pad, unk, bos, eos, got '\[0, 1, 2, 3\]'"),
     (lambda root, raw: raw.update(model_config={"dec_hidden_size": "big"}),
-     r"model_config must be an object with integer enc_hidden_size"),
+     r"model_config.dec_hidden_size must be an integer, got 'big'"),
 ])
 def test_malformed_manifests_are_refused_naming_the_field(tiny_repository: Path, tmp_path: Path,
                                                           change, message: str) -> None:

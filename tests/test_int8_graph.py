@@ -1,4 +1,4 @@
-"""The int8 decoder step built from the weights (``export.int8_step``) and its product floor."""
+"""The int8 decoder step built from the weights (``export.graphs.int8_step``) and its product floor."""
 
 from __future__ import annotations
 
@@ -11,9 +11,10 @@ import pytest
 import torch
 from onnx import TensorProto, helper, numpy_helper
 
-from export import int8_step, parity, quantize, verify
-from export.checkpoint import load_checkpoint
-from export.model import ModelConfig, RNNSearch
+from export.graphs import int8_step, parity, quantize, verify
+from export.train.checkpoint import load_checkpoint
+from export.train.model import RNNSearch
+from service.models.config import ModelConfig
 from service.models.manifest import DECODER_INPUTS, DECODER_OUTPUTS, load_manifest
 from service.text.tokenizer import BOS_ID, PAD_ID
 
@@ -196,33 +197,3 @@ def test_blocked_topk_is_the_plain_topk(odd_model: RNNSearch, k: int) -> None:
     values, ids = session(model).run(None, {"x": lp, "k": np.array(k, dtype=np.int64)})
     assert ids[0].tolist() == list(range(k)) and ids[1].tolist() == list(range(50, 50 + k))[:40] + \
         list(range(0, max(k - 40, 0)))
-
-
-@pytest.mark.parametrize("which", ["tiny_model", "odd_model"])
-def test_int8_encoder_parity_and_padding(which: str, request: pytest.FixtureRequest) -> None:
-    """The GRU as int8 cell steps (Scan, backward through ReverseSequence): within the encoder
-    tolerance of PyTorch's packed GRU, and a sentence alone or inside a longer padded batch gives
-    bit-identical annotations, keys and initial state."""
-    from export.int8_encoder import build_int8_encoder
-
-    model = request.getfixturevalue(which)
-    graph = build_int8_encoder(model)
-    ops = {n.op_type for n in graph.graph.node}
-    assert "GRU" not in ops and {"Scan", "ReverseSequence", "MatMulIntegerToFloat"} <= ops
-    sess = session(graph)
-    rng = np.random.default_rng(4)
-    worst = 0.0
-    for batch, src_len in ((1, 1), (2, 5), (7, 13)):
-        src, lengths = verify.random_batch(rng, batch=batch, src_len=src_len, vocab_size=model.config.src_vocab_size)
-        out = sess.run(["annotations", "keys", "init_state"], {"src_ids": src, "src_lengths": lengths})
-        with torch.inference_mode():
-            ref = model.encoder(torch.from_numpy(src), torch.from_numpy(lengths))
-        worst = max(worst, parity.max_diff(*zip(out, (r.numpy() for r in ref))))
-        assert not out[0][np.arange(src_len)[None, :] >= lengths[:, None]].any()  # zero at padding
-        for row in range(batch):
-            n = int(lengths[row])
-            alone = sess.run(["annotations", "keys", "init_state"],
-                             {"src_ids": src[row:row + 1, :n], "src_lengths": lengths[row:row + 1]})
-            assert np.array_equal(alone[0][0], out[0][row, :n]) and np.array_equal(alone[1][0], out[1][row, :n])
-            assert np.array_equal(alone[2][0], out[2][row])
-    assert 0 < worst <= verify.TOLERANCES["int8"].encoder

@@ -9,11 +9,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from export.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
-from export.model import ModelConfig, RNNSearch
+from export.train.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
+from export.train.model import RNNSearch
+from export.train.search import greedy
+from export.train.training import collate
 from service.models.attention import KINDS
-from export.search import greedy
-from export.train import collate
+from service.models.config import ModelConfig
 
 CONFIG = ModelConfig(src_vocab_size=30, tgt_vocab_size=25, emb_size=12, enc_hidden_size=10,
                      dec_hidden_size=14, attn_size=9, out_size=6, dropout=0.0)
@@ -170,7 +171,7 @@ def test_rnnencdec_reads_one_fixed_summary() -> None:
 
 
 def test_release_halves_weights_and_drops_optimizer(model: RNNSearch, tmp_path: Path) -> None:
-    from export.checkpoint import release
+    from export.train.checkpoint import release
 
     save_checkpoint(tmp_path / "train.pt", model, {"source.model": b"x", "target.model": b"y"},
                     extra={"optimizer": {"state": {}}, "train_state": {"step": 7}})

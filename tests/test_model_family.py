@@ -14,16 +14,17 @@ import onnx
 import pytest
 
 from conftest import _save_untrained
-from export import tokenizers
-from export.onnx_export import GRAPHS, export_repository
+from export.data import tokenizers
+from export.graphs.onnx_export import GRAPHS
+from export.graphs.repository import export_repository
 from harness import ServerThread, config_for
 from service.decoding.engine import Engine
 from service.errors import ModelRepositoryError
-from service.models.attention import KINDS, key_size, state_size
+from service.models.attention import KINDS
 from service.models.manifest import DECODER_INPUTS, ENCODER_OUTPUTS, MANIFEST, load_manifest
 from service.proto.nmt.v1 import translation_pb2 as pb
 
-# widths that are multiples of the vector width, as real models' are (see export.parity.check_padding)
+# widths that are multiples of the vector width, as real models' are (see export.graphs.parity.check_padding)
 SIZES = dict(emb_size=16, enc_hidden_size=16, dec_hidden_size=32, attn_size=32, out_size=16, dropout=0.0)
 TEXTS = ["Open the file", "Save %s as {name}"]
 
@@ -48,7 +49,7 @@ def family(tiny_tokenizers: Path, tmp_path_factory: pytest.TempPathFactory) -> P
 @pytest.mark.parametrize("kind", KINDS)
 def test_every_kind_exports_verifies_and_keeps_the_contract(family: Path, kind: str) -> None:
     manifest = load_manifest(family / kind / "1")
-    assert manifest.attention == kind == manifest.model_config["attention"]
+    assert manifest.attention == kind == manifest.model_config.attention
     for precision in ("fp32", "int8"):
         parity = manifest.raw["parity"][precision]
         assert parity["padding_max_abs_diff"] == 0.0  # bit-exact: alone or in a padded batch
@@ -60,8 +61,8 @@ def test_every_kind_exports_verifies_and_keeps_the_contract(family: Path, kind: 
     engine = Engine(family / kind / "1", precision="fp32")
     ids = np.array([[5, 6, 7, 3]], dtype=np.int64)
     out = engine.runtime.encode(ids, np.array([4], dtype=np.int64))
-    assert out.keys.shape == (1, 4, key_size(manifest.model_config))
-    assert out.init_state.shape == (1, state_size(manifest.model_config))
+    assert out.keys.shape == (1, 4, manifest.model_config.key_size)
+    assert out.init_state.shape == (1, manifest.model_config.state_size)
     assert set(ENCODER_OUTPUTS) == {"annotations", "keys", "init_state"}
 
 
@@ -90,43 +91,43 @@ def test_kinds_are_served_together_and_none_refuses_alignments(family: Path) -> 
 
 
 def test_engines_of_several_models_divide_the_cores_unless_threads_is_set(family: Path, monkeypatch) -> None:
-    from service import app
+    from service import app, process
 
     def threads(config) -> list[list[int]]:
         return [[s.get_session_options().intra_op_num_threads for s in (e.runtime.encoder, e.runtime.decoder)]
                 for e in app.load_engines(config)]
 
-    monkeypatch.setattr(app, "cores", lambda: (8, False))
+    monkeypatch.setattr(process, "cores", lambda: (8, False))
     assert threads(config_for(family)) == [[2, 2]] * 4  # 8 cores, 4 models
     assert threads(config_for(family, "--threads", "3")) == [[3, 3]] * 4  # asked: as asked
     assert threads(config_for(family / "none" / "1")) == [[0, 0]]  # one model: ONNX Runtime's default
-    monkeypatch.setattr(app, "cores", lambda: (2, False))
+    monkeypatch.setattr(process, "cores", lambda: (2, False))
     assert threads(config_for(family)) == [[1, 1]] * 4  # never below one
-    monkeypatch.setattr(app, "cores", lambda: (3, True))  # a container limited to 3 cores
+    monkeypatch.setattr(process, "cores", lambda: (3, True))  # a container limited to 3 cores
     assert threads(config_for(family / "none" / "1")) == [[3, 3]]  # one model: the limit, not the host
 
 
 def test_a_containers_cpu_limit_is_read_from_its_cgroup(tmp_path: Path, monkeypatch) -> None:
-    from service import app
+    from service import process
 
     v2 = tmp_path / "v2"
     v2.mkdir()
     (v2 / "cpu.max").write_text("250000 100000\n")  # 2.5 cores: 3 threads
-    assert app.cpu_quota(v2) == 3
+    assert process.cpu_quota(v2) == 3
     (v2 / "cpu.max").write_text("max 100000\n")
-    assert app.cpu_quota(v2) is None
+    assert process.cpu_quota(v2) is None
     v1 = tmp_path / "v1" / "cpu"
     v1.mkdir(parents=True)
     (v1 / "cpu.cfs_quota_us").write_text("200000\n")
     (v1 / "cpu.cfs_period_us").write_text("100000\n")
-    assert app.cpu_quota(v1.parent) == 2
+    assert process.cpu_quota(v1.parent) == 2
     (v1 / "cpu.cfs_quota_us").write_text("-1\n")
-    assert app.cpu_quota(v1.parent) is None
-    assert app.cpu_quota(tmp_path / "nothing") is None
-    monkeypatch.setattr(app, "cpu_quota", lambda: 1)
-    assert app.cores() == (1, True)
-    monkeypatch.setattr(app, "cpu_quota", lambda: 10_000)  # a limit above the CPU set: the set
-    assert app.cores()[1] is False
+    assert process.cpu_quota(v1.parent) is None
+    assert process.cpu_quota(tmp_path / "nothing") is None
+    monkeypatch.setattr(process, "cpu_quota", lambda: 1)
+    assert process.cores() == (1, True)
+    monkeypatch.setattr(process, "cpu_quota", lambda: 10_000)  # a limit above the CPU set: the set
+    assert process.cores()[1] is False
 
 
 def test_a_manifest_naming_an_unknown_kind_is_one_line(family: Path, tmp_path: Path) -> None:
@@ -141,7 +142,8 @@ def test_a_manifest_naming_an_unknown_kind_is_one_line(family: Path, tmp_path: P
 
 def test_train_names_an_unknown_kind_and_a_resume_of_another_kind(tiny_corpus: Path, tiny_tokenizers: Path,
                                                                    tmp_path: Path, capsys) -> None:
-    from export import cli, train
+    from export import cli
+    from export.train import training as train
 
     with pytest.raises(SystemExit) as exit_:
         cli.train_main([str(tiny_corpus), "--tokenizers", str(tiny_tokenizers), "-o", str(tmp_path / "r"),
@@ -161,7 +163,7 @@ def test_train_names_an_unknown_kind_and_a_resume_of_another_kind(tiny_corpus: P
 
 def test_compare_writes_the_side_by_side_tables_and_figures(tiny_tokenizers: Path, tiny_corpus: Path,
                                                             tmp_path: Path) -> None:
-    from export.compare import compare, retime
+    from export.evaluate.compare import compare, retime
 
     systems = {kind: _save_untrained(tiny_tokenizers, tmp_path / f"{kind}.pt", attention=kind, **SIZES)
                for kind in ("bahdanau", "none")}

@@ -23,7 +23,7 @@ from service.models.manifest import MANIFEST, load_manifest, sha256_file
 @pytest.fixture
 def pruned(tiny_repository: Path, tmp_path: Path) -> Path:
     repo = Path(shutil.copytree(tiny_repository, tmp_path / "en-fr" / "1"))
-    from export.onnx_export import prune_repository
+    from export.graphs.repository import prune_repository
 
     assert prune_repository(repo, ["int8"]) == ["encoder.onnx", "decoder_step.onnx"]
     return repo
@@ -50,7 +50,7 @@ def test_a_pruned_repository_serves_its_one_precision(pruned: Path) -> None:
 
 
 def test_a_re_export_reproduces_the_pruned_graphs(tiny_checkpoint: Path, pruned: Path, tmp_path: Path) -> None:
-    from export.onnx_export import export_repository
+    from export.graphs.repository import export_repository
 
     again = export_repository(tiny_checkpoint, tmp_path / "again", quantize=True)
     recorded = json.loads((pruned / MANIFEST).read_text())["pruned"]["fp32"]
@@ -68,7 +68,7 @@ def test_prune_names_an_unknown_precision_and_the_choices(pruned: Path) -> None:
 
 def test_verify_checks_the_kept_precision_and_asks_for_a_missing_checkpoint(pruned: Path,
                                                                             tiny_checkpoint: Path) -> None:
-    from export import verify
+    from export.graphs import verify
 
     run = subprocess.run([sys.executable, "-m", "service.cli", "verify", str(pruned)], capture_output=True, text=True)
     assert run.returncode == 0, run.stderr

@@ -9,11 +9,12 @@ import pytest
 import torch
 
 from conftest import TINY_SENTENCES, make_corpus
-from export import tokenizers, train
-from export.checkpoint import load_checkpoint
-from export.corpus import read_split
-from export.search import greedy
-from export.train import collate
+from export.data import tokenizers
+from export.data.pairs import read_split
+from export.train import training as train
+from export.train.checkpoint import load_checkpoint
+from export.train.search import greedy
+from export.train.training import collate
 from service.text.tokenizer import Tokenizer
 
 SMALL = {"emb_size": 32, "enc_hidden_size": 32, "dec_hidden_size": 48, "attn_size": 32,

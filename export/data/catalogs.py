@@ -1,10 +1,10 @@
 """Finding and reading French gettext catalogs (``.po`` / ``.mo``) for the corpus builder.
 
 ``find_catalogs`` walks the given directories for French catalogs, never
-returning one of a held-out domain (``export/heldout-exclude.txt``);
+returning one of a held-out domain (``export/data/heldout-exclude.txt``);
 ``describe`` names the package that ships one and its licence (for the corpus
 manifest): a Python distribution, a Debian package unpacked by
-``export/debian_catalogs.py`` (its ``debian-package.json``) or a system
+``export/data/debian_catalogs.py`` (its ``debian-package.json``) or a system
 package (dpkg's file lists); ``entry_texts`` gives an entry's (source, target)
 texts, plural forms included.
 """
@@ -31,7 +31,7 @@ LANGUAGE_DIRS = ("fr", "fr_FR")  # a catalog counts when its directory is one of
 HELDOUT_FILE = Path(__file__).with_name("heldout-exclude.txt")
 """Gettext domains (and the packages that ship them) reserved for evaluation:
 a copy of the shared list, committed so that a clone builds the same corpus."""
-DEBIAN_MARKER = "debian-package.json"  # written by export/debian_catalogs.py in each package's directory
+DEBIAN_MARKER = "debian-package.json"  # written by export/data/debian_catalogs.py in each package's directory
 DPKG_INFO = Path("/var/lib/dpkg/info")
 
 

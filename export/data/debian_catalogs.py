@@ -1,6 +1,6 @@
 """French catalogs of pinned Debian packages, for the corpus (``make model``).
 
-    python -m export.debian_catalogs --output build/debian-packages coreutils=9.1-1 tar=1.34+dfsg-1.2+deb12u1 ...
+    python -m export.data.debian_catalogs --output build/debian-packages coreutils=9.1-1 tar=1.34+dfsg-1.2+deb12u1 ...
 
 Downloads each ``package=version`` with ``apt-get download`` (no root needed;
 the ``.deb`` files are kept in ``--debs``, ``<output>-debs`` by default, and
@@ -10,7 +10,7 @@ corpus reads, into ``<output>/<package>/``: its French catalogs
 ``usr/share/doc/*/copyright``. Each package's directory gets a
 ``debian-package.json`` (package, version, source package, sha256 of the
 ``.deb``, licence from the copyright file) that the corpus builder reads for
-the manifest. A package named in ``export/heldout-exclude.txt`` is refused.
+the manifest. A package named in ``export/data/heldout-exclude.txt`` is refused.
 Directories of packages no longer asked for are removed, so ``<output>``
 holds exactly the pinned set: ``nmt corpus --catalogs <output>`` reads it.
 """
@@ -26,7 +26,7 @@ import sys
 import tarfile
 from pathlib import Path
 
-from export.catalogs import (
+from export.data.catalogs import (
     DEBIAN_MARKER,
     HELDOUT,
     LANGUAGE_DIRS,
@@ -49,7 +49,7 @@ def parse_specs(specs: list[str]) -> list[tuple[str, str]]:
             raise CorpusError(f"{spec}: not a pinned Debian package (package=version)")
         name, version = m.groups()
         if HELDOUT.has_package(name):
-            raise CorpusError(f"{name}: reserved for evaluation (export/heldout-exclude.txt)")
+            raise CorpusError(f"{name}: reserved for evaluation (export/data/heldout-exclude.txt)")
         if name in out:
             raise CorpusError(f"{name}: given twice")
         out[name] = version
@@ -166,7 +166,7 @@ def fetch(specs: list[str], output: Path, debs: Path | None = None, log=print) -
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m export.debian_catalogs", description=__doc__,
+    p = argparse.ArgumentParser(prog="python -m export.data.debian_catalogs", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--output", "-o", type=Path, required=True, help="directory of unpacked packages")
     p.add_argument("--debs", type=Path, default=None, help="where the .deb files are kept (default: <output>-debs)")

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import sentencepiece as spm
 
-from export.corpus import read_split
+from export.data.pairs import read_split
 from service.text import placeholders
 from service.text.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 

@@ -1,7 +1,7 @@
 """The seeds' systems side by side (``nmt compare``): BLEU by sentence length, step cost, attention.
 
 ``nmt compare --system NAME=CHECKPOINT ... --corpus CORPUS --output models/evaluation``
-evaluates every system with the PyTorch reference decoders (``export.evaluate``:
+evaluates every system with the PyTorch reference decoders (``export.evaluate.evaluate``:
 detokenized, placeholders restored, sacreBLEU/chrF against the catalogs'
 translations) on the test split and on the long-message set (``long.jsonl``,
 when the corpus has one), and writes:
@@ -38,10 +38,11 @@ import numpy as np
 import sacrebleu
 import torch
 
-from export.checkpoint import load_checkpoint
-from export.corpus import Pair, read_split
-from export.evaluate import decode, letters, plot_attention
-from export.model import RNNSearch
+from export.data.pairs import Pair, read_split
+from export.evaluate.evaluate import decode, letters
+from export.evaluate.heatmaps import plot_attention
+from export.train.checkpoint import load_checkpoint
+from export.train.model import RNNSearch
 from service.models.attention import has_attention
 from service.text.tokenizer import Tokenizer
 
@@ -80,7 +81,7 @@ def step_milliseconds(models: dict[str, RNNSearch], threads: int = 2) -> dict[st
     """Median ms of each system's int8 decoder step at ``STEP_ROWS`` rows, in alternating rounds."""
     import onnxruntime as ort
 
-    from export.onnx_export import GRAPHS, export_graphs
+    from export.graphs.onnx_export import GRAPHS, export_graphs
     from service.decoding.layout import width
 
     sessions, feeds = {}, {}

@@ -1,6 +1,6 @@
 """The int8 decoder step, built node by node from the model's weights (``nmt export --quantize int8``).
 
-The generic rewrite (``export.quantize``) turns every product of the traced
+The generic rewrite (``export.graphs.quantize``) turns every product of the traced
 fp32 step into "quantize the row, int8 product, scale, add the bias": five
 products, and about sixty element-wise nodes around them, which cost more
 than the products themselves at 160 rows. This graph computes the same step
@@ -20,7 +20,7 @@ contract in ``service/manifest.py``) with less work around the products:
   the constant 1, the 1/127 is folded into the per-column weight scales);
 - only the deep output's maxout, whose range is not fixed, keeps a per-row
   scale (``max|t| / 127``): its row scale is applied by a ``Mul`` and the bias by
-  an ``Add`` on the (rows, vocab) logits (see ``export.quantize`` on why the row
+  an ``Add`` on the (rows, vocab) logits (see ``export.graphs.quantize`` on why the row
   scale is never ``MatMulIntegerToFloat``'s A scale);
 - the log-probabilities are one ``LogSoftmax`` (the contract's ``log_probs``;
   "logits minus ``ReduceLogSumExp``" was measured 10x slower, and the top-k
@@ -49,9 +49,10 @@ import onnx
 import torch
 from onnx import TensorProto, helper, numpy_helper
 
-from export.model import NEG_LARGE, RNNSearch
-from export.quantize import CONTRIB_DOMAIN, QMAX, TINY, ZERO_POINT, symmetric_int8, unsigned
-from service.models.manifest import SIZES, DECODER_INPUTS, DECODER_OUTPUTS
+from export.graphs.quantize import CONTRIB_DOMAIN, QMAX, TINY, ZERO_POINT, symmetric_int8, unsigned
+from export.train.model import NEG_LARGE, RNNSearch
+from service.models.config import ModelConfig
+from service.models.manifest import DECODER_INPUTS, DECODER_OUTPUTS, SIZES
 
 OPSET = 17
 UNIT = 1.0 / QMAX  # the scale of an activation in [-1, 1]
@@ -217,8 +218,8 @@ def _blocked_topk(g: _Graph, x: str, k: str, blocks: int, width: int) -> None:
     g.one("Add", [g.one("Mul", [block, w]), g.one("Mod", ["position", w])], "topk_ids")
 
 
-def _model(g: _Graph, cfg) -> onnx.ModelProto:
-    dims = {symbol: size(cfg.to_dict()) for symbol, size in SIZES.items()}
+def _model(g: _Graph, cfg: ModelConfig) -> onnx.ModelProto:
+    dims = {symbol: size(cfg) for symbol, size in SIZES.items()}
     types = {"prev_tokens": TensorProto.INT64, "src_mask": TensorProto.BOOL, "k": TensorProto.INT64,
              "topk_ids": TensorProto.INT64}
 
@@ -227,7 +228,7 @@ def _model(g: _Graph, cfg) -> onnx.ModelProto:
                                              [SYMBOLS.get(a) or dims[a] for a in axes])
 
     return contract_model(g, "decoder_step_int8", DECODER_INPUTS, DECODER_OUTPUTS, value,
-                          producer="nmt-serve export.int8_step")
+                          producer="nmt-serve export.graphs.int8_step")
 
 
 def contract_model(g: _Graph, name: str, inputs: dict, outputs: dict, value, *, producer: str

@@ -16,9 +16,9 @@ import onnx
 import torch
 from onnxruntime.capi import onnxruntime_pybind11_state as ort_state
 
-from export.corpus import read_split
-from export.model import RNNSearch
-from export.search import greedy
+from export.data.pairs import read_split
+from export.train.model import RNNSearch
+from export.train.search import greedy
 from service.decoding.engine import Engine
 from service.decoding.layout import pad_sources, width
 from service.decoding.runtime import Runtime

@@ -7,12 +7,12 @@ batch 1, 2, 7, 32 x source length 1, 5, 40 with mixed lengths in a batch);
 per-step parity with PyTorch on those random padded batches; padding
 invariance (a sentence alone vs inside a batch padded to a longer source); and
 end-to-end greedy parity (the serving engine, `service.decoding.engine`, vs
-``export.search.greedy``) on the test split, or on random sources without one.
+``export.train.search.greedy``) on the test split, or on random sources without one.
 
 int8 parity with PyTorch is looser and documented in ``TOLERANCES``: weights
 and activations are rounded to 8 bits. Its padding invariance is as strict as
 fp32's, since activations are quantized with one scale per row
-(``export.quantize``): a row's output does not depend on the other rows of
+(``export.graphs.quantize``): a row's output does not depend on the other rows of
 its batch. Its greedy agreement is reported, not enforced: int8 is accepted
 on BLEU (evaluation).
 """
@@ -26,11 +26,11 @@ from pathlib import Path
 import numpy as np
 import onnx
 
-from export.checkpoint import CheckpointError, load_checkpoint
-from export.parity import (DYNAMIC_AXES, FIRST_ID, GRID_BATCHES, GRID_SRC_LENS, Check,  # noqa: F401
-                           Tolerances, check_greedy, check_grid, check_padding, greedy_sources,
-                           random_batch)
-from export.model import RNNSearch
+from export.graphs.parity import (DYNAMIC_AXES, FIRST_ID, GRID_BATCHES, GRID_SRC_LENS,  # noqa: F401
+                                  Check, Tolerances, check_greedy, check_grid, check_padding,
+                                  greedy_sources, random_batch)
+from export.train.checkpoint import CheckpointError, load_checkpoint
+from export.train.model import RNNSearch
 from service.decoding.engine import Engine
 from service.decoding.runtime import Runtime
 from service.errors import ModelRepositoryError
@@ -97,10 +97,9 @@ def load_reference(manifest: Manifest, checkpoint: Path | None) -> tuple[RNNSear
             raise ModelRepositoryError(f"{checkpoint}: the checkpoint {manifest.root / MANIFEST} records is not "
                                        "here (a repository shipped without it); give --checkpoint")
     ckpt = load_checkpoint(checkpoint)
-    config, recorded_config = ckpt.config.to_dict(), manifest.model_config
-    if config != recorded_config:
-        differ = sorted(k for k in recorded_config.keys() | config.keys()
-                        if recorded_config.get(k) != config.get(k))
+    if ckpt.config != manifest.model_config:
+        config, recorded_config = ckpt.config.to_dict(), manifest.model_config.to_dict()
+        differ = sorted(k for k in config if recorded_config[k] != config[k])
         raise CheckpointError(f"{checkpoint}: model config differs from {manifest.root / MANIFEST} ({', '.join(differ)})")
     same = sha256_file(checkpoint) == recorded.get("sha256")
     return ckpt.model(), Check("checkpoint", f"{checkpoint.name}: sha256 {'matches' if same else 'differs'}",

@@ -5,13 +5,14 @@ from __future__ import annotations
 import io
 import pickle
 import zipfile
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
 
-from export.model import ModelConfig, RNNSearch
+from export.train.model import RNNSearch
 from service.models.attention import KINDS
+from service.models.config import ModelConfig
 
 KIND = "nmt-serve/rnnsearch/v1"
 
@@ -77,13 +78,9 @@ def load_checkpoint(path: Path) -> Checkpoint:
         raise CheckpointError(f"{path}: not a PyTorch checkpoint ({str(e).splitlines()[0][:120]})") from None
     if not isinstance(raw, dict) or raw.get("kind") != KIND:
         raise CheckpointError(f"{path}: not an nmt-serve RNNsearch checkpoint (kind {raw.get('kind') if isinstance(raw, dict) else type(raw).__name__!r})")
-    known = {f.name for f in fields(ModelConfig)}
-    unknown = set(raw["config"]) - known
-    if unknown:
-        raise CheckpointError(f"{path}: unknown model config fields {sorted(unknown)}")
-    try:
-        config = ModelConfig(**raw["config"])
-    except (TypeError, ValueError) as e:
+    try:  # the manifest's form, checked the same way: a field named, not a TypeError
+        config = ModelConfig.from_dict(raw.get("config"), where="config")
+    except ValueError as e:
         raise CheckpointError(f"{path}: bad model config ({e})") from None
     ckpt = Checkpoint(config=config, weights=raw["model"], tokenizers=raw.get("tokenizers", {}),
                       extra=raw.get("extra", {}))

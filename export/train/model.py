@@ -3,7 +3,8 @@
 Every kind shares the encoder: embedding + bidirectional GRU over packed
 (padded) batches; the annotation h_j concatenates both directions. They
 differ in how the decoder reads it (``ModelConfig.attention``, the kinds of
-``service.models.attention``):
+``service.models.attention``; the config is ``service.models.config``'s, the
+server's too):
 
 ``bahdanau`` (RNNsearch, Bahdanau, Cho & Bengio, ICLR 2015; the default)
     s_0 = tanh(W_s · backward h_1); additive attention scored with the
@@ -42,61 +43,15 @@ inputs and outputs are the same for every kind (``service.models.manifest``).
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
-
 import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
-from service.models import attention as kinds
-from service.text.tokenizer import TRAINED_WITH
+from service.models.config import ModelConfig
 
 NEG_LARGE = -1e9
 """Score of a padding position: finite, so an all-padding row gives no NaN."""
-
-
-@dataclass(frozen=True)
-class ModelConfig:
-    """Sizes and kind of a model; stored in the checkpoint and the manifest."""
-
-    src_vocab_size: int
-    tgt_vocab_size: int
-    emb_size: int = 256  # source and target embeddings
-    enc_hidden_size: int = 256  # per direction; annotations are twice this
-    dec_hidden_size: int = 512
-    attn_size: int = 512  # width of the additive attention's hidden layer (bahdanau)
-    out_size: int = 256  # maxout units of the deep output layer (bahdanau, none)
-    dropout: float = 0.2
-    pad_id: int = TRAINED_WITH.pad  # the tokenizers' special ids (service.text.tokenizer)
-    bos_id: int = TRAINED_WITH.bos
-    eos_id: int = TRAINED_WITH.eos
-    attention: str = kinds.DEFAULT  # one of service.models.attention.KINDS
-
-    def __post_init__(self) -> None:
-        for name in ("src_vocab_size", "tgt_vocab_size", "emb_size", "enc_hidden_size",
-                     "dec_hidden_size", "attn_size", "out_size"):
-            if getattr(self, name) <= 0:
-                raise ValueError(f"ModelConfig.{name} must be > 0, got {getattr(self, name)}")
-        if not 0.0 <= self.dropout < 1.0:
-            raise ValueError(f"ModelConfig.dropout must be in [0, 1), got {self.dropout}")
-        kinds.check_kind(self.attention, "ModelConfig.attention")
-        kinds.check_sizes(self.to_dict())
-
-    @property
-    def ctx_size(self) -> int:
-        return kinds.ctx_size(self.to_dict())
-
-    @property
-    def state_size(self) -> int:
-        return kinds.state_size(self.to_dict())
-
-    @property
-    def key_size(self) -> int:
-        return kinds.key_size(self.to_dict())
-
-    def to_dict(self) -> dict:
-        return asdict(self)
 
 
 class Encoder(nn.Module):

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
-from export.model import RNNSearch
+from export.train.model import RNNSearch
 from service.options import DecodingOptions, max_target_length
 
 DEFAULTS = DecodingOptions()  # the service's defaults: the same length limits on both sides

@@ -12,17 +12,19 @@ import random
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any, Callable
 
 import sacrebleu
 import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from export.checkpoint import load_checkpoint, save_checkpoint
-from export.corpus import Pair, read_split
-from export.model import ModelConfig, RNNSearch
-from export.search import greedy
+from export.data.pairs import Pair, read_split
+from export.train.checkpoint import load_checkpoint, save_checkpoint
+from export.train.model import RNNSearch
+from export.train.search import greedy
 from service.decoding.layout import pad_sources
+from service.models.config import ModelConfig
 from service.text.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer
 
 
@@ -169,6 +171,82 @@ def _start(tok: Tokenizer, model_config: dict | None, config: TrainConfig, resum
     return model, opt, sched, state
 
 
+@dataclass
+class _Run:
+    """A training run's moving parts, and what it does at a validation."""
+
+    model: RNNSearch
+    opt: torch.optim.Optimizer
+    sched: Any  # ReduceLROnPlateau on the validation BLEU
+    state: dict  # step, epoch, best_bleu, best_loss, elapsed: saved in the checkpoint
+    config: TrainConfig
+    tok: Tokenizer
+    sp_files: dict[str, bytes]  # both SentencePiece models, embedded in every checkpoint
+    out_dir: Path
+    valid_data: list[Example]
+    valid_pairs: list[Pair]
+    log: Callable[[str], None]
+    start: float = 0.0  # time.monotonic() of the run's start, less the time of the run resumed
+    last_valid: float = 0.0  # time.monotonic() of the last validation
+
+    def save(self, path: Path) -> None:
+        save_checkpoint(path, self.model, self.sp_files, extra={
+            "train_config": asdict(self.config), "train_state": dict(self.state),
+            "optimizer": self.opt.state_dict(), "scheduler": self.sched.state_dict(),
+            "torch_rng_state": torch.get_rng_state()})
+
+    def validate_and_save(self) -> None:
+        state = self.state
+        state["elapsed"] = time.monotonic() - self.start
+        v_loss, v_bleu = validate(self.model, self.valid_data, self.valid_pairs, self.tok, self.config)
+        self.sched.step(v_bleu)
+        # a tie in BLEU (a saturated slice) goes to the lower validation loss, not the earlier
+        improved = v_bleu > state["best_bleu"] or (v_bleu == state["best_bleu"]
+                                                   and v_loss < state.get("best_loss", math.inf))
+        if improved:
+            state["best_bleu"], state["best_loss"] = v_bleu, v_loss
+            self.save(self.out_dir / "best.pt")
+        self.save(self.out_dir / "last.pt")
+        self.last_valid = time.monotonic()
+        self.log(f"step {state['step']} epoch {state['epoch'] + 1} {state['elapsed'] / 60:.1f} min: "
+                 f"valid loss {v_loss:.3f} ppl {math.exp(v_loss):.1f} greedy BLEU {v_bleu:.2f}"
+                 f"{' (best)' if improved else ''} lr {self.opt.param_groups[0]['lr']:.2e}")
+
+
+def _epoch(run: _Run, data: list[Example], batches: list[list[int]], skip: int) -> bool:
+    """Train on ``batches[skip:]``, validating when due; True when the time or step budget ran out."""
+    config, state = run.config, run.state
+    bar = tqdm(batches[skip:], desc=f"epoch {state['epoch'] + 1}", mininterval=10,
+               leave=False, initial=skip, total=len(batches))
+    tokens_seen, t0 = 0, time.monotonic()
+    for idx in bar:
+        loss, n = _update(run.model, run.opt, collate([data[i] for i in idx]), config)
+        state["step"] += 1
+        tokens_seen += n
+        bar.set_postfix(loss=f"{loss.item() / n:.3f}",
+                        tok_s=f"{tokens_seen / (time.monotonic() - t0):.0f}", refresh=False)
+        if time.monotonic() - run.start > config.minutes * 60 or 0 < config.max_steps <= state["step"]:
+            return True
+        due = (state["step"] % config.validate_steps == 0 if config.validate_steps
+               else time.monotonic() - run.last_valid > config.validate_minutes * 60)
+        if due:
+            run.validate_and_save()
+    return False
+
+
+def _batch_order(data: list[Example], config: TrainConfig, state: dict) -> tuple[random.Random, int]:
+    """The batch order of an uninterrupted run: one generator from the seed, epoch after epoch.
+
+    A resumed run replays the orders of the epochs done and skips the batches of its current
+    epoch already trained (its steps beyond those epochs' batches), so with the saved dropout
+    generator, killed and resumed at a validation it is the same run (tests/test_training.py).
+    Returns the generator and the batches of the current epoch to skip."""
+    rng, skip = random.Random(config.seed), state["step"]
+    for _ in range(state["epoch"]):
+        skip -= len(make_batches(data, config.batch_tokens, rng))
+    return rng, max(0, skip)  # (a resume with another --batch-tokens: its epoch starts over)
+
+
 def train(corpus_dir: Path, tokenizer_dir: Path, out_dir: Path, *, model_config: dict | None = None,
           config: TrainConfig = TrainConfig(), resume: Path | None = None, log=print) -> Path:
     """Train until the time budget, the step budget or the epoch limit; returns the best checkpoint's path."""
@@ -186,61 +264,15 @@ def train(corpus_dir: Path, tokenizer_dir: Path, out_dir: Path, *, model_config:
     out_dir.mkdir(parents=True, exist_ok=True)
     log(f"model: {model.num_parameters() / 1e6:.2f}M parameters {asdict(model.config)}; "
         f"data: {len(train_data)} train, {len(valid_data)} valid examples")
-
-    def checkpoint(path: Path) -> None:
-        save_checkpoint(path, model, sp_files, extra={
-            "train_config": asdict(config), "train_state": dict(state),
-            "optimizer": opt.state_dict(), "scheduler": sched.state_dict(),
-            "torch_rng_state": torch.get_rng_state()})
-
-    def validate_and_save() -> None:
-        state["elapsed"] = time.monotonic() - start
-        v_loss, v_bleu = validate(model, valid_data, valid_pairs, tok, config)
-        sched.step(v_bleu)
-        # a tie in BLEU (a saturated slice) goes to the lower validation loss, not the earlier
-        improved = v_bleu > state["best_bleu"] or (v_bleu == state["best_bleu"]
-                                                   and v_loss < state.get("best_loss", math.inf))
-        if improved:
-            state["best_bleu"], state["best_loss"] = v_bleu, v_loss
-            checkpoint(out_dir / "best.pt")
-        checkpoint(out_dir / "last.pt")
-        log(f"step {state['step']} epoch {state['epoch'] + 1} {state['elapsed'] / 60:.1f} min: "
-            f"valid loss {v_loss:.3f} ppl {math.exp(v_loss):.1f} greedy BLEU {v_bleu:.2f}"
-            f"{' (best)' if improved else ''} lr {opt.param_groups[0]['lr']:.2e}")
-
-    # The batch order of an uninterrupted run: one generator from the seed, epoch after epoch.
-    # A resumed run replays the orders of the epochs done and skips the batches of its current
-    # epoch already trained (its steps beyond those epochs' batches), so with the saved dropout
-    # generator, killed and resumed at a validation it is the same run (tests/test_training.py).
-    rng, skip = random.Random(config.seed), state["step"]
-    for _ in range(state["epoch"]):
-        skip -= len(make_batches(train_data, config.batch_tokens, rng))
-    skip = max(0, skip)  # (a resume with another --batch-tokens: its epoch starts over)
-    start, last_valid = time.monotonic() - state["elapsed"], time.monotonic()
+    run = _Run(model=model, opt=opt, sched=sched, state=state, config=config, tok=tok, sp_files=sp_files,
+               out_dir=out_dir, valid_data=valid_data, valid_pairs=valid_pairs, log=log)
+    rng, skip = _batch_order(train_data, config, state)
+    run.start, run.last_valid = time.monotonic() - state["elapsed"], time.monotonic()
     model.train()
-    out_of_time = False
-    while not out_of_time and state["epoch"] < config.max_epochs:
-        batches = make_batches(train_data, config.batch_tokens, rng)
-        bar = tqdm(batches[skip:], desc=f"epoch {state['epoch'] + 1}", mininterval=10,
-                   leave=False, initial=skip, total=len(batches))
+    while state["epoch"] < config.max_epochs:
+        if _epoch(run, train_data, make_batches(train_data, config.batch_tokens, rng), skip):
+            break
         skip = 0
-        tokens_seen, t0 = 0, time.monotonic()
-        for idx in bar:
-            loss, n = _update(model, opt, collate([train_data[i] for i in idx]), config)
-            state["step"] += 1
-            tokens_seen += n
-            bar.set_postfix(loss=f"{loss.item() / n:.3f}",
-                            tok_s=f"{tokens_seen / (time.monotonic() - t0):.0f}", refresh=False)
-            out_of_time = (time.monotonic() - start > config.minutes * 60
-                           or 0 < config.max_steps <= state["step"])
-            if out_of_time:
-                break
-            due = (state["step"] % config.validate_steps == 0 if config.validate_steps
-                   else time.monotonic() - last_valid > config.validate_minutes * 60)
-            if due:
-                validate_and_save()
-                last_valid = time.monotonic()
-        else:
-            state["epoch"] += 1
-    validate_and_save()  # the final weights always get a validation (and best.pt a candidate)
+        state["epoch"] += 1
+    run.validate_and_save()  # the final weights always get a validation (and best.pt a candidate)
     return out_dir / "best.pt"

@@ -47,8 +47,7 @@ class Engine:
         self.manifest, self.limits, self.precision = manifest, limits, precision
         self.tokenizer = _tokenizer(manifest)
         self.special = manifest.special
-        self.vocab_size = int(manifest.model_config.get("tgt_vocab_size",
-                                                        self.tokenizer.target.get_piece_size()))
+        self.vocab_size = manifest.model_config.tgt_vocab_size
         record = manifest.raw.get("shortlist")
         use, self.shortlist_reason = decide_shortlist(shortlist, record, precision=precision)
         lists = load_shortlist(manifest.path(record["file"]), always=always_ids(self.tokenizer.target)) if use else None

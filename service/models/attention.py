@@ -1,7 +1,8 @@
 """The attention kinds of the model family, and the graph widths each one gives. Torch-free.
 
-One definition for both sides: ``export.model`` builds the modules of a kind,
-the manifest checks its graphs' widths against the same rules, and the server
+One definition for both sides: ``export.train.model`` builds the modules of a kind,
+``service.models.config.ModelConfig`` gives each kind's widths (``state_size``,
+``key_size``) and the manifest checks the graphs against them, and the server
 knows from it whether a model can answer ``return_attention``.
 
 ========================  ================================  ===================================
@@ -36,35 +37,3 @@ def check_kind(value: Any, where: str = "attention") -> str:
 
 def has_attention(kind: str) -> bool:
     return check_kind(kind) != "none"
-
-
-def ctx_size(config: dict[str, Any]) -> int:
-    """Width of an annotation h_j: both encoder directions."""
-    return 2 * config["enc_hidden_size"]
-
-
-def state_size(config: dict[str, Any]) -> int:
-    """Width of the decoder's carried state for ``config``'s kind."""
-    kind = check_kind(config["attention"], "model_config.attention")
-    if kind == "bahdanau":
-        return config["dec_hidden_size"]
-    if kind.startswith("luong"):
-        return 2 * config["dec_hidden_size"]
-    return config["dec_hidden_size"] + ctx_size(config)
-
-
-def key_size(config: dict[str, Any]) -> int:
-    """Width of the encoder's attention keys for ``config``'s kind (0: no keys)."""
-    kind = check_kind(config["attention"], "model_config.attention")
-    if kind == "bahdanau":
-        return config["attn_size"]
-    if kind == "luong-general":
-        return config["dec_hidden_size"]
-    return 0
-
-
-def check_sizes(config: dict[str, Any]) -> None:
-    """Widths a kind needs to agree: ``luong-dot`` scores h_t . h_j."""
-    if config["attention"] == "luong-dot" and config["dec_hidden_size"] != ctx_size(config):
-        raise ValueError(f"attention luong-dot needs dec_hidden_size == 2 x enc_hidden_size "
-                         f"(h_t . h_j), got {config['dec_hidden_size']} and {config['enc_hidden_size']}")

@@ -3,8 +3,8 @@
 Written by ``nmt export`` (offline), read by the server (online). Torch-free.
 
 The two graphs (names of inputs and outputs are part of the contract; the
-same for every attention kind, whose widths ``state_size`` and ``key_size``
-are ``service.models.attention``'s):
+same for every attention kind, whose widths ``ctx_size``, ``state_size`` and
+``key_size`` are ``service.models.config.ModelConfig``'s):
 
 ``encoder.onnx``
     inputs   src_ids      int64   (batch, src_len)      source piece ids, EOS last, PAD after
@@ -28,8 +28,9 @@ are ``service.models.attention``'s):
              attention    float32 (rows, src_len)       alpha_i (zeros for ``none``)
 
 A step graph declares every input even where its kind reads none of it
-(``none``: annotations, keys). ``model_config.attention`` names the kind
-(absent: ``bahdanau``, the repositories written before the kinds).
+(``none``: annotations, keys). ``model_config`` is ``ModelConfig.to_dict``'s form;
+its ``attention`` names the kind (absent: ``bahdanau``, the repositories written
+before the kinds).
 """
 
 from __future__ import annotations
@@ -38,11 +39,11 @@ import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from service.errors import ModelRepositoryError
-from service.models import attention
 from service.interface import SpecialIds
+from service.models.config import ModelConfig
 
 FORMAT = "nmt-serve/model-repository/v1"
 INT8_MAX_BLEU_LOSS = 0.3  # ``--precision auto`` serves int8 when it costs at most this
@@ -76,7 +77,7 @@ class Manifest:
     root: Path  # the repository directory
     name: str  # e.g. "en-fr"
     version: str  # e.g. "1"
-    model_config: dict[str, Any]  # the export-side ModelConfig, as a dict (an absent attention: bahdanau)
+    model_config: ModelConfig  # sizes and kind, as export wrote them (checked when loaded)
     special: SpecialIds  # pad, unk, bos, eos: parsed once, handed to the tokenizer and the batch
     source_tokenizer: str  # SentencePiece model file
     target_tokenizer: str
@@ -90,7 +91,7 @@ class Manifest:
     @property
     def attention(self) -> str:
         """The attention kind (``service.models.attention.KINDS``), checked when loaded."""
-        return self.model_config["attention"]
+        return self.model_config.attention
 
     @property
     def max_source_tokens(self) -> int:
@@ -152,10 +153,10 @@ def parse_special_ids(mpath: Path, field: Any) -> SpecialIds:
     return SpecialIds(**{n: field[n] for n in names})
 
 
-SIZES = {"ctx_size": attention.ctx_size, "key_size": attention.key_size,
-         "state_size": attention.state_size, "vocab_size": lambda c: c["tgt_vocab_size"]}
+SIZES: dict[str, Callable[[ModelConfig], int]] = {
+    "ctx_size": lambda c: c.ctx_size, "key_size": lambda c: c.key_size,
+    "state_size": lambda c: c.state_size, "vocab_size": lambda c: c.tgt_vocab_size}
 """The contract's fixed dimensions, from ``model_config`` (annotations: both directions)."""
-CONFIG_INTS = ("enc_hidden_size", "dec_hidden_size", "attn_size", "src_vocab_size", "tgt_vocab_size")
 
 
 def _field(mpath: Path, raw: dict[str, Any], name: str, expected: str, ok: Any) -> Any:
@@ -189,13 +190,8 @@ def _inside(root: Path, mpath: Path, file: str) -> None:
 
 def _parse(root: Path, mpath: Path, raw: dict[str, Any]) -> Manifest:
     """The typed manifest; each malformed field named with what was expected."""
-    config = _field(mpath, raw, "model_config", f"an object with integer {', '.join(CONFIG_INTS)}",
-                    lambda v: isinstance(v, dict) and all(type(v[k]) is int and v[k] > 0
-                                                          for k in CONFIG_INTS))
-    config = {"attention": attention.DEFAULT, **config}  # written before the kinds: RNNsearch
-    try:
-        attention.check_kind(config["attention"], "model_config.attention")
-        attention.check_sizes(config)
+    try:  # each field named: its type, its range, the kind's widths
+        config = ModelConfig.from_dict(raw.get("model_config"), where="model_config")
     except ValueError as e:
         raise ModelRepositoryError(f"{mpath}: {e}") from None
     tokenizers = _field(mpath, raw, "tokenizers", 'an object {"source": file, "target": file}',
@@ -282,9 +278,10 @@ def check_vocabularies(manifest: Manifest, *, source: int, target: int) -> None:
     config, mpath = manifest.model_config, manifest.root / MANIFEST
     for side, file, size in (("src", manifest.source_tokenizer, source),
                              ("tgt", manifest.target_tokenizer, target)):
-        if size != config[f"{side}_vocab_size"]:
+        expected = getattr(config, f"{side}_vocab_size")
+        if size != expected:
             raise ModelRepositoryError(f"{manifest.path(file)}: {size} pieces, but {mpath} "
-                                       f"model_config.{side}_vocab_size is {config[f'{side}_vocab_size']}")
+                                       f"model_config.{side}_vocab_size is {expected}")
     files = manifest.files
     if files[manifest.source_tokenizer] == files[manifest.target_tokenizer]:  # same sha256
         raise ModelRepositoryError(f"{manifest.path(manifest.target_tokenizer)}: the target "
