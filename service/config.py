@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import enum
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,7 +21,48 @@ from service.options import Limits
 REPO_ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_MODEL_REPOSITORY = REPO_ROOT / "models" / "en-fr" / "3"
 MAX_PORT = 65535
-LOG_LEVELS = ("debug", "info", "warning", "error")
+
+
+# The enum-like settings. StrEnum: a member is its flag value (``Precision.INT8 == "int8"``,
+# ``f"{Precision.INT8}"`` prints ``int8``), so flags, variables, log lines and metric labels
+# read as they did when these were strings.
+
+class Precision(enum.StrEnum):  # which graphs an engine runs
+    AUTO = "auto"  # each model's measured choice (``Manifest.default_precision``)
+    FP32 = "fp32"
+    INT8 = "int8"
+
+
+class Provider(enum.StrEnum):  # the ONNX Runtime execution provider
+    CPU = "cpu"
+    CUDA = "cuda"
+
+
+class Batching(enum.StrEnum):  # when queued texts join the running batch
+    STEP = "step"  # between decoder steps (continuous batching)
+    REQUEST = "request"  # only once the running batch is empty (the benchmark baseline)
+
+
+class ModelControl(enum.StrEnum):  # when the repository is looked at again (SIGHUP: either mode)
+    NONE = "none"  # at start only
+    POLL = "poll"  # every --poll-seconds
+
+
+class ModelVersions(enum.StrEnum):  # which versions of a model name serve
+    LATEST = "latest"  # the newest; a newer one replaces it
+    ALL = "all"  # every version found (a request pins one with name/version)
+
+
+class LogLevel(enum.StrEnum):
+    DEBUG = "debug"  # one line per request
+    INFO = "info"
+    WARNING = "warning"
+    ERROR = "error"
+
+
+class Switch(enum.StrEnum):  # an on/off flag (``--reflection off``); the config holds a bool
+    ON = "on"
+    OFF = "off"
 
 
 @dataclass(frozen=True)
@@ -31,7 +73,7 @@ class SchedulerConfig:
     max_tokens: int = 8192  # rows x padded source length of the running batch
     max_wait: float = 0.002  # seconds a queued text may wait for others to share its encoder run
     max_queued_work: int = 200_000  # estimated rows x steps, queued or decoding
-    step_level: bool = True  # False: a new batch starts only when the running one is empty
+    step_level: bool = True  # False (Batching.REQUEST): a batch starts once the running one is empty
 
 
 @dataclass(frozen=True)
@@ -59,8 +101,8 @@ class ServeConfig:
     port: int  # gRPC port (0 = any free port)
     metrics_host: str  # address the metrics port binds to ("" = host)
     metrics_port: int  # Prometheus /metrics port (0 = any free port)
-    precision: str  # graph variant: "fp32", "int8", or "auto" (each model's measured choice)
-    provider: str  # ONNX Runtime provider: "cpu" or "cuda"
+    precision: Precision  # graph variant: fp32, int8, or auto (each model's measured choice)
+    provider: Provider  # ONNX Runtime provider
     threads: int  # ONNX Runtime intra-op threads per engine (0: the cores, divided among the models served)
     decoder_spinning: bool  # decoder-step thread pool spins between operators (see service.decoding.runtime)
     scheduler: SchedulerConfig  # batching budgets and admission control
@@ -68,10 +110,10 @@ class ServeConfig:
     max_message_bytes: int  # largest request accepted (gRPC answers RESOURCE_EXHAUSTED)
     grace_period: float  # seconds in-flight calls get to finish after SIGTERM
     max_connection_age: float  # seconds before a client connection is asked to reconnect (0 = never)
-    log_level: str  # debug logs one line per request
-    model_control: str = "none"  # "poll": rescan the repository every poll_seconds (and on SIGHUP)
+    log_level: LogLevel  # debug logs one line per request
+    model_control: ModelControl = ModelControl.NONE  # poll: rescan every poll_seconds (and on SIGHUP)
     poll_seconds: float = 30.0
-    model_versions: str = "latest"  # "latest": one version per name served; "all": every version
+    model_versions: ModelVersions = ModelVersions.LATEST  # latest: one version per name; all: every one
     security: SecurityConfig = SecurityConfig()  # TLS, mTLS, tokens, reflection
     http_port: int = 0  # HTTP/JSON API and web page (service.api.http_server); 0 = off
 
@@ -109,11 +151,14 @@ def _seconds(text: str) -> float:
     return value
 
 
-def _choice(*choices: str) -> Callable[[str], str]:
-    def convert(text: str) -> str:
-        if text.lower() not in choices:
-            raise argparse.ArgumentTypeError(f"must be one of {', '.join(choices)}, got {text!r}")
-        return text.lower()
+def _choice(kind: type[enum.StrEnum]) -> Callable[[str], enum.StrEnum]:
+    """A converter to a member of ``kind``, from its value in any case."""
+    def convert(text: str) -> enum.StrEnum:
+        try:
+            return kind(text.lower())
+        except ValueError:
+            choices = ", ".join(m.value for m in kind)
+            raise argparse.ArgumentTypeError(f"must be one of {choices}, got {text!r}") from None
     return convert
 
 
@@ -136,12 +181,12 @@ FLAGS: list[tuple[str, Callable[[str], object], object, str]] = [
     ("--metrics-host", _text, "", "address the metrics port binds to (empty: --host); 127.0.0.1 "
      "keeps /metrics off the network"),
     ("--metrics-port", _port, 9464, "Prometheus /metrics port (0 = any free port)"),
-    ("--precision", _choice("auto", "fp32", "int8"), "auto",
+    ("--precision", _choice(Precision), Precision.AUTO,
      "graph precision; auto: int8 where the model's manifest shows it within 0.3 BLEU of fp32"),
-    ("--provider", _choice("cpu", "cuda"), "cpu", "ONNX Runtime execution provider"),
+    ("--provider", _choice(Provider), Provider.CPU, "ONNX Runtime execution provider"),
     ("--threads", _int_at_least(0), 0, "ONNX Runtime intra-op threads per model's engine (0 = the "
      "cores for one model, divided among several)"),
-    ("--decoder-spinning", _choice("on", "off"), "on",
+    ("--decoder-spinning", _choice(Switch), Switch.ON,
      "decoder-step pool threads spin between operators (faster steps; off frees CPU between steps)"),
     ("--max-rows", _int_at_least(1), _DEFAULTS.max_rows, "decoder rows per step"),
     ("--max-tokens", _int_at_least(1), _DEFAULTS.max_tokens,
@@ -151,7 +196,7 @@ FLAGS: list[tuple[str, Callable[[str], object], object, str]] = [
      "waits to fill)"),
     ("--max-queued-work", _int_at_least(1), _DEFAULTS.max_queued_work,
      "estimated rows x steps queued or decoding; above it RESOURCE_EXHAUSTED"),
-    ("--batching", _choice("step", "request"), "step",
+    ("--batching", _choice(Batching), Batching.STEP,
      "step: texts join/leave between decoder steps; request: a batch runs to its end"),
     ("--max-texts", _int_at_least(1), _LIMITS.max_texts, "texts per request"),
     ("--max-beam", _int_at_least(1), _LIMITS.max_beam_size, "largest beam_size"),
@@ -161,12 +206,12 @@ FLAGS: list[tuple[str, Callable[[str], object], object, str]] = [
     ("--max-connection-age", _seconds, 0.0,
      "seconds after which a client connection gets GOAWAY and reconnects, so that clients spread "
      "over new replicas; its calls get --grace-period to finish (0 = never)"),
-    ("--log-level", _choice(*LOG_LEVELS), "info", "debug logs one line per request"),
-    ("--model-control", _choice("none", "poll"), "none",
+    ("--log-level", _choice(LogLevel), LogLevel.INFO, "debug logs one line per request"),
+    ("--model-control", _choice(ModelControl), ModelControl.NONE,
      "poll: rescan the repository every --poll-seconds for new or removed <name>/<version>/ dirs "
      "(SIGHUP rescans in either mode)"),
     ("--poll-seconds", _seconds, 30.0, "seconds between rescans with --model-control poll"),
-    ("--model-versions", _choice("latest", "all"), "latest",
+    ("--model-versions", _choice(ModelVersions), ModelVersions.LATEST,
      "latest: the newest version of each name serves; all: every version found (pin with name/version)"),
     ("--tls-cert-file", _text, "", "PEM certificate chain: serve gRPC over TLS (with --tls-key-file); "
      "re-read when the file changes"),
@@ -175,7 +220,7 @@ FLAGS: list[tuple[str, Callable[[str], object], object, str]] = [
      "verified against them (mTLS)"),
     ("--auth-token-file", _text, "", "bearer tokens, one per line (# comments); set: every nmt.v1 "
      "RPC and reflection need 'authorization: Bearer <token>' (health does not); re-read on change"),
-    ("--reflection", _choice("on", "off"), "on", "gRPC server reflection"),
+    ("--reflection", _choice(Switch), Switch.ON, "gRPC server reflection"),
     # HTTP/JSON beside gRPC (service.api.http_server); its body limit is --max-message-bytes
     ("--http-port", _port, 8080, "HTTP/JSON API and web page port (0 = off)"),
 ]
@@ -220,11 +265,11 @@ def parse(argv: list[str], env: Mapping[str, str] | None = None) -> ServeConfig:
         host=args.host, port=args.port, metrics_host=args.metrics_host or args.host,
         metrics_port=args.metrics_port,
         precision=args.precision, provider=args.provider, threads=args.threads,
-        decoder_spinning=args.decoder_spinning == "on",
+        decoder_spinning=args.decoder_spinning is Switch.ON,
         scheduler=SchedulerConfig(max_rows=args.max_rows, max_tokens=args.max_tokens,
                                   max_wait=args.max_wait_ms / 1000,
                                   max_queued_work=args.max_queued_work,
-                                  step_level=args.batching == "step"),
+                                  step_level=args.batching is Batching.STEP),
         limits=Limits(max_beam_size=args.max_beam, max_texts=args.max_texts,
                       max_text_chars=args.max_text_chars),
         max_message_bytes=args.max_message_bytes, grace_period=args.grace_period,
@@ -250,4 +295,4 @@ def security(args: argparse.Namespace) -> SecurityConfig:
         raise ConfigError("--tls-client-ca-file needs --tls-cert-file and --tls-key-file")
     return SecurityConfig(tls_cert_file=cert, tls_key_file=key, tls_client_ca_file=ca,
                           auth_token_file=_path(args.auth_token_file),
-                          reflection=args.reflection == "on")
+                          reflection=args.reflection is Switch.ON)
