@@ -65,7 +65,7 @@ class StepProfile:
 def profile(engine: Engine, sources: Sequence[str], *, beam: int, texts: int, max_len: int,
             max_ratio: float) -> StepProfile:
     options = DecodingOptions(beam_size=beam, max_decoding_length=max_len, max_length_ratio=max_ratio)
-    prepared = [engine.prepare(s, options, i) for i, s in enumerate(sources)]
+    prepared = [engine.prepare_text(s, options, i) for i, s in enumerate(sources)]
     timed = TimedRuntime(engine.runtime)
     real, engine.runtime = engine.runtime, timed
     totals, inside, rows, encodes = [], [], [], []

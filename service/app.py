@@ -1,8 +1,10 @@
 """The served models: find, load, verify, warm up, look up, swap versions, drain, close.
 
-Protocol-free: the gRPC server (``service.api.grpc_server``) and any other front end
-use one ``ServedModels``. Here the decoding engine (``service.decoding``) is wired to
-the scheduler (``service.scheduling``); the two meet only through ``service.interface``.
+Protocol-free: the front door (``service.api.frontend``), which every transport calls,
+resolves requests to a ``Model`` here. Here the decoding engine (``service.decoding``) is
+wired to the scheduler (``service.scheduling``); the two meet only through
+``service.interface``. Process-level tuning (threads per engine from the container's CPU
+limit, giving an unloaded model's memory back) is ``service.process``'s.
 
 Model control (``--model-control poll``, or SIGHUP in either mode): ``rescan`` looks
 at the repository again. A new ``<name>/<version>/`` is loaded (checksums checked),
@@ -17,24 +19,23 @@ have finished. A version that fails to load is refused with one log line and
 from __future__ import annotations
 
 import asyncio
-import ctypes
-import gc
 import logging
-import math
-import os
 import time
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Sequence
 
-from service.config import ServeConfig
+from service.config import ModelVersions, Precision, ServeConfig
 from service.errors import ErrorKind, ModelRepositoryError, NmtError, ProviderUnavailableError, shown
 from service.interface import Engine
 from service.metrics import Metrics
 from service.models.manifest import Manifest, check_graphs, check_vocabularies, load_manifest
 from service.models.repository import VersionDir, latest, scan
 from service.options import DecodingOptions
+from service.process import engine_threads, release_memory
 from service.scheduling.scheduler import Scheduler
+
+if TYPE_CHECKING:
+    from service.decoding.engine import Engine as OnnxEngine
 
 WARMUP_TEXT = "Hello world"
 WARMUP_SECONDS = 60.0
@@ -55,46 +56,6 @@ class Model:
         return f"{self.manifest.name}/{self.manifest.version}"
 
 
-def cpu_quota(cgroup: Path = Path("/sys/fs/cgroup")) -> int | None:
-    """The CPU limit of this process's container (cgroup v2 ``cpu.max``, else v1's CFS quota),
-    rounded up to whole cores; None without one. ONNX Runtime does not read it: left to its
-    default, a pod limited to 2 cores of a 64-core node runs 64 threads and is throttled."""
-    try:
-        quota, period = (cgroup / "cpu.max").read_text().split()[:2]
-        return None if quota == "max" else max(1, math.ceil(int(quota) / int(period)))
-    except (OSError, ValueError):
-        pass
-    try:
-        quota = int((cgroup / "cpu" / "cpu.cfs_quota_us").read_text())
-        period = int((cgroup / "cpu" / "cpu.cfs_period_us").read_text())
-        return max(1, math.ceil(quota / period)) if quota > 0 and period > 0 else None
-    except (OSError, ValueError):
-        return None
-
-
-def cores() -> tuple[int, bool]:
-    """The cores this process may use, and whether a container's CPU limit set them: its CPU set
-    (not the host's count), capped by ``cpu_quota``."""
-    try:
-        allowed = len(os.sched_getaffinity(0))
-    except AttributeError:  # no sched_getaffinity (macOS)
-        allowed = os.cpu_count() or 1
-    quota = cpu_quota()
-    return (quota, True) if quota is not None and quota < allowed else (allowed, False)
-
-
-def engine_threads(config: ServeConfig, models: int) -> int | None:
-    """Intra-op threads for each of ``models`` engines: ``--threads`` when set; else the cores
-    divided among the models, at least one each, and for one model without a CPU limit ONNX
-    Runtime's own default (a thread per physical core). Measured
-    (``loadtest/results/two_models.md``): two engines of 2 spinning threads on 2 cores serve 0.61x
-    of one model alone, of 1 thread each 1.19x."""
-    if config.threads:
-        return config.threads
-    count, limited = cores()
-    return None if models <= 1 and not limited else max(1, count // models)
-
-
 def make_engine(config: ServeConfig, d: VersionDir, *, models: int = 1) -> Engine:
     """The engine of one model version directory (checksums verified; in a ``<name>/<version>/``
     directory, the manifest must name that model and version), one of ``models`` served at once
@@ -105,24 +66,22 @@ def make_engine(config: ServeConfig, d: VersionDir, *, models: int = 1) -> Engin
     if d.name and (manifest.name, manifest.version) != (d.name, d.version):
         raise ModelRepositoryError(f"{d.path}: the manifest says {manifest.name}/{manifest.version}, "
                                    f"the directory {d.ref}")
-    precision, why = manifest.default_precision() if config.precision == "auto" else (config.precision, "asked")
+    precision, why = (manifest.default_precision() if config.precision is Precision.AUTO
+                      else (config.precision.value, "asked"))
     threads = engine_threads(config, models)
     log.info("%s/%s: %s graphs (%s), intra-op threads: %s", manifest.name, manifest.version, precision, why,
              threads or "ONNX Runtime's default (one per core)")
-    engine = OnnxEngine(manifest, precision=precision, provider=config.provider,
+    engine = OnnxEngine(manifest, precision=precision, provider=config.provider.value,
                         intra_op_threads=threads, limits=config.limits,
                         decoder_spinning=config.decoder_spinning)
     check_engine(engine, precision)
     return engine
 
 
-def check_engine(engine: Any, precision: str) -> None:
+def check_engine(engine: OnnxEngine, precision: str) -> None:
     """A loaded ONNX engine's graphs and tokenizers must agree with its manifest's model_config:
     checksums prove the files are the ones listed, not that they belong together."""
-    sessions = {"encoder": engine.runtime.encoder, "decoder_step": engine.runtime.decoder}
-    shapes = {graph: {a.name: list(a.shape) for a in [*s.get_inputs(), *s.get_outputs()]}
-              for graph, s in sessions.items()}
-    check_graphs(engine.manifest, precision, shapes)
+    check_graphs(engine.manifest, precision, engine.graph_shapes())
     check_vocabularies(engine.manifest, source=engine.tokenizer.source.get_piece_size(),
                        target=engine.tokenizer.target.get_piece_size())
 
@@ -135,24 +94,9 @@ def load_engines(config: ServeConfig) -> list[Engine]:
     if not dirs:
         raise ModelRepositoryError(f"{config.model_repository}: no manifest.json there nor in "
                                    "<name>/<version>/ below it")
-    if config.model_versions == "latest" and dirs[0].name:
+    if config.model_versions is ModelVersions.LATEST and dirs[0].name:
         dirs = latest(dirs)
     return [make_engine(config, d, models=len(dirs)) for d in dirs]
-
-
-def release_memory() -> None:
-    """Give the memory of an unloaded model back to the OS.
-
-    Its ONNX Runtime sessions free their arenas, but glibc keeps the freed pages
-    for later mallocs, and RSS grows with every reload (measured:
-    ``loadtest/results/notes.md``, ``loadtest/results/reload_memory.md``). A no-op
-    where there is no glibc.
-    """
-    gc.collect()  # the engine's sessions, once nothing refers to them
-    try:
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):
-        pass
 
 
 def version_key(version: str) -> tuple[int, str]:
@@ -245,14 +189,14 @@ class ServedModels:
         """New versions worth a try (changed since the last try), newest first; with ``latest``
         only those newer than what serves their name."""
         fresh = [d for d in dirs if d.ref not in self._loaded and self._attempts.get(d.ref) != d.signature()]
-        if self.config.model_versions == "latest":
+        if self.config.model_versions is ModelVersions.LATEST:
             serving = {m.manifest.name: int(m.manifest.version) for m in self.all}
             fresh = [d for d in fresh if int(d.version) > serving.get(d.name, -1)]
         return sorted(fresh, key=lambda d: (d.name, -int(d.version)))
 
     async def _try(self, d: VersionDir) -> bool:
         """Load, warm up and add one version; False (one log line, a counted failure) if it fails."""
-        if self.config.model_versions == "latest":
+        if self.config.model_versions is ModelVersions.LATEST:
             current = [m for m in self._loaded.values() if m.manifest.name == d.name]
             if current and int(current[0].manifest.version) >= int(d.version):
                 return False  # a newer version of the name came in first
@@ -261,7 +205,7 @@ class ServedModels:
         try:
             # engines already serving keep their threads; the new one takes its share of the cores
             models = 1 + sum(1 for m in self._loaded.values()
-                             if not (self.config.model_versions == "latest" and m.manifest.name == d.name))
+                             if not (self.config.model_versions is ModelVersions.LATEST and m.manifest.name == d.name))
             engine = await asyncio.to_thread(make_engine, self.config, d, models=models)
             model = Model(engine.manifest, engine, Scheduler(engine, self.config.scheduler, metrics=self.metrics))
             model.scheduler.start()
@@ -282,7 +226,7 @@ class ServedModels:
         self._loaded[model.ref] = model
         self._started(model, scheduler_running=True)
         log.info("serving %s (%s)", model.ref, model.engine.precision)
-        if self.config.model_versions == "latest":
+        if self.config.model_versions is ModelVersions.LATEST:
             for old in replaced:
                 self._retire(old, f"replaced by {model.ref}")
 
@@ -305,12 +249,12 @@ class ServedModels:
         if not scheduler_running:
             model.scheduler.start()
         self.metrics.set_model(name=model.manifest.name, version=model.manifest.version,
-                               sha256=model.manifest.sha256, provider=self.config.provider,
+                               sha256=model.manifest.sha256, provider=self.config.provider.value,
                                precision=model.engine.precision)
 
     async def _warm(self, model: Model) -> None:
         """One translation; refused if it comes back empty (a tokenizer that does not fit)."""
-        [t] = await model.scheduler.translate([model.engine.prepare(WARMUP_TEXT, DecodingOptions(), 0)])
+        [t] = await model.scheduler.translate([model.engine.prepare_text(WARMUP_TEXT, DecodingOptions(), 0)])
         if not (t.hypotheses and t.hypotheses[0].text.strip()):
             raise ModelRepositoryError(f"{model.manifest.root}: the warm-up translation of "
                                        f"{WARMUP_TEXT!r} came back empty")

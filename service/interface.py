@@ -5,8 +5,9 @@ substitute a fake engine; the real one (``service.decoding.engine``) runs ONNX
 Runtime. Everything here is plain data: protobuf exists only at the edge
 (``service.api``).
 
-The path of one text: the front end validates the request (``service.options``),
-the engine turns each text into a ``Prepared``; the scheduler feeds it to a
+The path of one text: the front door (``service.api.frontend.Frontend.admit_request``)
+validates the request (``service.options``) and has the engine turn each text into a
+``Prepared`` (``Engine.prepare_text``); the scheduler feeds it to a
 ``DecodeBatch``, which works in token ids and hands back a ``Decoded``; the
 engine renders that as a ``Translation`` (``service.text.render``). A stream
 sees ``Partial`` events, then one ``Final``.
@@ -159,7 +160,7 @@ class Engine(Protocol):
 
     precision: str  # the graphs it runs: "fp32" or "int8"
 
-    def prepare(self, text: str, options: DecodingOptions, index: int) -> Prepared:
+    def prepare_text(self, text: str, options: DecodingOptions, index: int) -> Prepared:
         """Tokenize one text of a validated request (raises NmtError naming ``texts[index]``)."""
 
     def new_batch(self) -> DecodeBatch:

@@ -246,7 +246,7 @@ def slow_server(reversal_repository: Path, reversal_engine):
     from service.decoding.engine import Engine
     from service.options import DecodingOptions
 
-    work = reversal_engine.prepare(LONG_DIGITS, DecodingOptions(), 0).work
+    work = reversal_engine.prepare_text(LONG_DIGITS, DecodingOptions(), 0).work
     engine = SlowEngine(Engine(reversal_repository), SLOW_STEP_SECONDS)
     s = ServerThread(config_for(reversal_repository, "--max-queued-work", str(work * 3 // 2)), [engine],
                      wait=False)

@@ -44,7 +44,7 @@ def test_translate_answers_like_the_engine_alone_in_input_order(server: ServerTh
     assert reply.kind == pb.RESULT_KIND_FINAL
     assert [t.hypotheses[0].text for t in reply.translations] == [best(reversal_engine, [t])[0] for t in texts]
     first = reply.translations[0]
-    assert list(first.source_tokens) == list(reversal_engine.prepare("3 1 4", DecodingOptions(), 0).source_pieces[:-1])
+    assert list(first.source_tokens) == list(reversal_engine.prepare_text("3 1 4", DecodingOptions(), 0).source_pieces[:-1])
     assert first.hypotheses[0].score < 0 and first.hypotheses[0].tokens
     assert not first.hypotheses[0].alignments
 

@@ -48,7 +48,7 @@ def mixed_options(i: int) -> DecodingOptions:
 @pytest.fixture(scope="module")
 def alone(engine: Engine, test_sources: list[str]) -> list:
     """Each of the first 120 test sentences decoded on its own (``Decoded``: token ids)."""
-    return [engine.decode([engine.prepare(s, mixed_options(i), 0)])[0] for i, s in enumerate(test_sources[:120])]
+    return [engine.decode([engine.prepare_text(s, mixed_options(i), 0)])[0] for i, s in enumerate(test_sources[:120])]
 
 
 def outputs(decoded) -> list[tuple[tuple[int, ...], float]]:
@@ -56,7 +56,7 @@ def outputs(decoded) -> list[tuple[tuple[int, ...], float]]:
 
 
 def decode_alone(engine: Engine, text: str, options: DecodingOptions = DecodingOptions()):
-    return engine.decode([engine.prepare(text, options, 0)])[0]
+    return engine.decode([engine.prepare_text(text, options, 0)])[0]
 
 
 @pytest.mark.parametrize("beam", [1, 5])
@@ -90,7 +90,7 @@ def test_batch_invariance_mixed_lengths_and_beam_sizes(engine: Engine, test_sour
                                                        alone: list) -> None:
     sources = test_sources[:120]
     batch = engine.new_batch()
-    batch.add([(i, engine.prepare(s, mixed_options(i), i)) for i, s in enumerate(sources)])
+    batch.add([(i, engine.prepare_text(s, mixed_options(i), i)) for i, s in enumerate(sources)])
     assert batch.live_rows == sum(mixed_options(i).beam_size for i in range(len(sources)))
     real, padded = batch.padded_tokens
     assert 0 < real < padded
@@ -103,7 +103,7 @@ def test_batch_invariance_mixed_lengths_and_beam_sizes(engine: Engine, test_sour
 
 def test_continuous_batching_gives_the_same_results(engine: Engine, test_sources: list[str],
                                                     alone: list) -> None:
-    pending = [(i, engine.prepare(s, mixed_options(i), i)) for i, s in enumerate(test_sources[:120])]
+    pending = [(i, engine.prepare_text(s, mixed_options(i), i)) for i, s in enumerate(test_sources[:120])]
     rng = np.random.default_rng(0)
     batch, results, steps = engine.new_batch(), {}, 0
     while pending or batch.live_rows:
@@ -120,9 +120,9 @@ def test_a_text_joins_after_a_longer_one_left(engine: Engine) -> None:
     """Regression: a long text leaving the end of the batch leaves its wider (masked) columns
     behind as a view; a text joining afterwards must fit that width."""
     short_opts, quick = DecodingOptions(), DecodingOptions(max_decoding_length=1)
-    staying = engine.prepare("1 2 3 4 5 6 7 8", short_opts, 0)
-    leaving = engine.prepare("1 2 3 4 5 6 7 8 9", quick, 1)  # longer, finishes at once
-    joining = engine.prepare("4 5 6", short_opts, 2)
+    staying = engine.prepare_text("1 2 3 4 5 6 7 8", short_opts, 0)
+    leaving = engine.prepare_text("1 2 3 4 5 6 7 8 9", quick, 1)  # longer, finishes at once
+    joining = engine.prepare_text("4 5 6", short_opts, 2)
     batch = engine.new_batch()
     batch.add([(0, staying)])
     batch.add([(1, leaving)])  # appended after the shorter text
@@ -158,13 +158,13 @@ def test_compact_order_moves_few_rows(sizes: list[int], keep: list[int], order: 
 
 def test_removing_a_text_frees_its_rows(engine: Engine, test_sources: list[str], alone: list) -> None:
     batch = engine.new_batch()
-    batch.add([(i, engine.prepare(test_sources[i], mixed_options(i), i)) for i in range(4)])  # beams 1 5 3 2
+    batch.add([(i, engine.prepare_text(test_sources[i], mixed_options(i), i)) for i in range(4)])  # beams 1 5 3 2
     assert batch.live_rows == 11
     batch.step()
     batch.remove([1])
     assert batch.live_rows == 6
     assert batch.padded_tokens[0] == sum(
-        mixed_options(i).beam_size * len(engine.prepare(test_sources[i], mixed_options(i), i).source_ids)
+        mixed_options(i).beam_size * len(engine.prepare_text(test_sources[i], mixed_options(i), i).source_ids)
         for i in (0, 2, 3))
     with pytest.raises(KeyError):
         batch.prefix(1)
@@ -178,7 +178,7 @@ def test_removing_a_text_frees_its_rows(engine: Engine, test_sources: list[str],
 
 
 def test_prefix_grows_into_the_greedy_result(engine: Engine) -> None:
-    prepared = engine.prepare("1 2 3 4 5 6 7 8", DecodingOptions(), 0)
+    prepared = engine.prepare_text("1 2 3 4 5 6 7 8", DecodingOptions(), 0)
     batch = engine.new_batch()
     batch.add([((0, 0), prepared)])
     prefixes, done = [], []
@@ -222,7 +222,7 @@ def test_attention_lies_on_the_anti_diagonal(engine: Engine, test_sources: list[
     near, total = 0, 0
     for t, s in zip(got, sources):  # reversed pieces: target token i attends to source piece n-1-i
         n = len(t.source_tokens)  # pieces, EOS excluded
-        assert t.source_tokens == engine.prepare(s, DecodingOptions(), 0).source_pieces[:-1]
+        assert t.source_tokens == engine.prepare_text(s, DecodingOptions(), 0).source_pieces[:-1]
         for h in t.hypotheses:
             assert len(h.alignments) == len(h.tokens)
             for a in h.alignments:
@@ -282,7 +282,7 @@ def test_bad_input_names_field_limit_and_value(engine: Engine, text: str, option
     """The request's one validation, then the model's source-length check at tokenizing."""
     with pytest.raises(NmtError, match=match) as err:
         validate_request([text], options, engine.limits)
-        engine.prepare(text, options, 0)
+        engine.prepare_text(text, options, 0)
     assert err.value.kind is ErrorKind.INVALID_ARGUMENT
 
 
@@ -291,7 +291,7 @@ def test_translate_names_the_bad_text_by_index(engine: Engine) -> None:
         engine.translate(["1 2", "3", "   "])
     small = Engine(engine.manifest, limits=Limits(max_source_tokens=4))
     with pytest.raises(NmtError, match=r"texts\[0\] must be at most 4 source tokens .*got 6"):
-        small.prepare("1 2 3 5 6", DecodingOptions(), 0)
+        small.prepare_text("1 2 3 5 6", DecodingOptions(), 0)
 
 
 def edited_copy(repo: Path, tmp_path: Path, edit) -> Path:

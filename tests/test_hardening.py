@@ -138,7 +138,7 @@ def test_work_above_the_queue_limit_alone_is_invalid_argument(reversal_repositor
                                                               reversal_engine) -> None:
     from service.options import DecodingOptions
 
-    work = reversal_engine.prepare(LONG_DIGITS, DecodingOptions(beam_size=4), 0).work
+    work = reversal_engine.prepare_text(LONG_DIGITS, DecodingOptions(beam_size=4), 0).work
     assert work > 100
     with ServerThread(config_for(reversal_repository, "--max-queued-work", "100")) as s:
         code, details = code_of(lambda: s.api.Translate(pb.TranslateRequest(

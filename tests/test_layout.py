@@ -13,7 +13,7 @@ LAYERS = [
     {"service.errors", "service.proto"},
     {"service.options", "service.metrics"},
     {"service.interface", "service.config"},
-    {"service.text", "service.models"},
+    {"service.text", "service.models", "service.process"},
     {"service.decoding", "service.scheduling"},  # these two meet only through service.interface
     {"service.app"},
     {"service.api", "service.clients"},

@@ -194,9 +194,9 @@ def test_poll_and_sighup_rescan(repo: Path, reversal_repository: Path, tmp_path:
 
 def test_a_model_added_later_takes_its_share_of_the_cores(repo: Path, reversal_repository: Path,
                                                          monkeypatch) -> None:
-    from service import app
+    from service import process
 
-    monkeypatch.setattr(app, "cores", lambda: (8, False))
+    monkeypatch.setattr(process, "cores", lambda: (8, False))
 
     def threads(server: ServerThread) -> dict[str, int]:
         return {m.ref: m.engine.runtime.decoder.get_session_options().intra_op_num_threads

@@ -121,7 +121,7 @@ class App:
             raise invalid("options.return_attention", f"false for model {model.ref!r} (its attention is "
                           f"{model.manifest.attention!r}: no alignments)", True)
         refuse_if_full(model.scheduler, len(request.texts) * options.beam_size)
-        return model, [model.engine.prepare(text, options, i) for i, text in enumerate(request.texts)]
+        return model, [model.engine.prepare_text(text, options, i) for i, text in enumerate(request.texts)]
 
     def list_models(self) -> pb.ListModelsResponse:
         cfg = self.config
