@@ -1,5 +1,7 @@
-"""The closed set of error kinds. Mapped to gRPC status codes in one place
-(``service.api.grpc_server.GRPC_CODES``); messages name the field, the limit and the value.
+"""The closed set of error kinds. Each is mapped to its gRPC status code and HTTP status in one
+place, the front door's table (``service.api.frontend.STATUS``), so the layers below the
+transports raise kinds and never know a wire format; messages name the field, the limit and
+the value.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ class ErrorKind(enum.Enum):
     UNAVAILABLE = "unavailable"  # draining for shutdown
     INTERNAL = "internal"  # a bug or a runtime failure
     UNAUTHENTICATED = "unauthenticated"  # tokens are on and the call has none or a wrong one
+    UNIMPLEMENTED = "unimplemented"  # no such method on an HTTP path (405 with its Allow header)
 
 
 class NmtError(Exception):

@@ -11,7 +11,7 @@ as ``python loadtest/x.py`` has ``loadtest/`` on its path, not the repository ro
 It needs no pytest, and imports the server (and so ONNX Runtime) only when an
 in-process server is made: ``loadtest/run_locust.py`` uses ``ServerProcess`` alone.
 
-- ``ServerThread``: ``service.api.grpc_server.build`` on its own event loop in a
+- ``ServerThread``: ``service.api.server.build`` on its own event loop in a
   background thread; tests talk to it with ordinary blocking clients.
 - ``ServerProcess``: ``python -m service.cli serve`` on free ports, its output in a
   log file; up when health says SERVING; ``stop()`` sends SIGTERM, returns the exit code.
@@ -217,7 +217,7 @@ class ServerThread(_Client):
             raise self.error
 
     async def _main(self) -> None:
-        from service.api.grpc_server import build
+        from service.api.server import build
 
         self.loop, self._stop = asyncio.get_running_loop(), asyncio.Event()
         try:

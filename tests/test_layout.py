@@ -69,3 +69,15 @@ def test_every_unit_exists() -> None:
     for name in LEVEL:
         rel = Path(*name.split(".")[1:])
         assert (SERVICE / rel).is_dir() or (SERVICE / rel).with_suffix(".py").is_file(), name
+
+
+TRANSPORTS = ("service.api.grpc_server", "service.api.http_server")
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_a_transport_calls_the_front_door_and_imports_no_other_transport(transport: str) -> None:
+    path = SERVICE.parent.joinpath(*transport.split(".")).with_suffix(".py")
+    found = {".".join(m.split(".")[:3]) for m in imports(path)}
+    assert "service.api.frontend" in found
+    others = {*TRANSPORTS, "service.api.server"} - {transport}  # server.App knows them all
+    assert not found & others, f"{transport} imports another transport"

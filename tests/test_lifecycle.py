@@ -118,7 +118,7 @@ NO_TORCH = """
 import asyncio, sys
 import grpc
 from service.config import parse
-from service.api.grpc_server import build
+from service.api.server import build
 from service.proto.nmt.v1 import translation_pb2 as pb, translation_pb2_grpc as pb_grpc
 
 async def main():

@@ -104,7 +104,7 @@ def test_a_new_version_takes_over_under_load_and_the_old_one_is_unloaded(repo: P
         assert server.metric("nmt_model_info", name="reversal", version="2") == 1
         assert "version=\"1\"" not in "".join(line for line in server.scrape().splitlines()
                                               if line.startswith("nmt_model_info"))
-        health = server.app.health
+        health = server.app.grpc.health
         assert health is not None  # health stayed SERVING: the load saw no error at any point
 
 

@@ -7,9 +7,14 @@
   changed, so a rotated certificate serves new connections without a restart. A
   half-written rotation is kept out: the old certificate stays until the files agree.
 - ``TokenFile``: one token per line, ``#`` comments; re-read when it changes.
-- ``AuthInterceptor``: calls without ``authorization: Bearer <known token>`` get
-  UNAUTHENTICATED (the token is never echoed nor logged), counted in
-  ``nmt_auth_failures_total{reason}``. Health is exempt, so probes need no token.
+- ``TokenCheck``: the one token check of every transport: calls without
+  ``authorization: Bearer <known token>`` are refused UNAUTHENTICATED (the token is never
+  echoed nor logged), counted in ``nmt_auth_failures_total{reason}``. gRPC asks it in
+  ``AuthInterceptor`` (health is exempt, so probes need no token); HTTP through the hook
+  ``authorizer`` makes, with ``tls_context`` for HTTPS from the same files.
+
+Shared by the transports (``grpc_server``, ``http_server``), which import it and the front
+door (``frontend``), never each other.
 """
 
 from __future__ import annotations
@@ -19,12 +24,13 @@ import logging
 import os
 import ssl
 from pathlib import Path
-from typing import Any, Awaitable, Callable, Sequence
+from typing import Any, Awaitable, Callable, Mapping, NamedTuple, Sequence
 
 import grpc
 from prometheus_client import Counter
 
 from service.config import ConfigError, SecurityConfig
+from service.errors import ErrorKind, NmtError
 from service.metrics import Metrics
 
 log = logging.getLogger("nmt.auth")
@@ -33,6 +39,7 @@ EXEMPT_PREFIX = "/grpc.health.v1.Health/"  # liveness and readiness probes carry
 REASONS = ("missing", "malformed", "invalid")  # no header; not "Bearer <token>"; unknown token
 REFUSAL = "missing or invalid token: send metadata 'authorization: Bearer <token>'"
 Stamp = tuple[tuple[int, int, int], ...] | None
+Authorize = Callable[[Mapping[str, str]], None]
 
 
 def stamp(paths: Sequence[Path]) -> Stamp:
@@ -162,6 +169,61 @@ def refusal_reason(metadata: Sequence[Any] | None, tokens: TokenFile) -> str | N
     return None if tokens.accepts(token.strip().encode()) else "invalid"
 
 
+class TokenCheck:
+    """The token check of every transport: the same tokens, refusal message and counter."""
+
+    def __init__(self, tokens: TokenFile, metrics: Metrics) -> None:
+        self.tokens = tokens
+        self.failures = Counter("nmt_auth_failures_total", "Calls refused UNAUTHENTICATED, by reason",
+                                ["reason"], registry=metrics.registry)
+        for reason in REASONS:  # every series from the start, so rate() sees the first failure
+            self.failures.labels(reason)
+
+    def refusal(self, metadata: Sequence[Any] | None) -> str | None:
+        """None if the call carries a known token, else why not (counted)."""
+        reason = refusal_reason(metadata, self.tokens)
+        if reason is not None:
+            self.failures.labels(reason).inc()
+        return reason
+
+
+class Header(NamedTuple):
+    """An HTTP header in the shape of gRPC metadata (for ``TokenCheck.refusal``)."""
+
+    key: str
+    value: str
+
+
+def allow_all(headers: Mapping[str, str]) -> None:
+    """The HTTP authorization hook without tokens: every request passes."""
+
+
+def authorizer(check: TokenCheck | None) -> Authorize:
+    """The HTTP hook of the token check (``allow_all`` without tokens): raises NmtError
+    UNAUTHENTICATED with the message gRPC sends."""
+    if check is None:
+        return allow_all
+
+    def authorize(headers: Mapping[str, str]) -> None:
+        metadata = [Header("authorization", v) for k, v in headers.items() if k.lower() == "authorization"]
+        if check.refusal(metadata) is not None:
+            raise NmtError(ErrorKind.UNAUTHENTICATED, REFUSAL)
+    return authorize
+
+
+def tls_context(security: SecurityConfig) -> ssl.SSLContext | None:
+    """HTTPS from the gRPC side's files (client certificates required with client CAs); read
+    once, at start, unlike gRPC's credentials, which re-read rotated files."""
+    if not security.tls:
+        return None
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.load_cert_chain(security.tls_cert_file, security.tls_key_file)
+    if security.tls_client_ca_file is not None:
+        context.load_verify_locations(security.tls_client_ca_file)
+        context.verify_mode = ssl.CERT_REQUIRED
+    return context
+
+
 def _deny(handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
     """A handler of the same kind that answers UNAUTHENTICATED without reading the request."""
     async def deny(request: object, context: grpc.aio.ServicerContext) -> None:
@@ -180,12 +242,8 @@ def _deny(handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
 class AuthInterceptor(grpc.aio.ServerInterceptor):
     """Every RPC but health needs a known bearer token."""
 
-    def __init__(self, tokens: TokenFile, metrics: Metrics) -> None:
-        self.tokens, self.requests = tokens, metrics.requests
-        self.failures = Counter("nmt_auth_failures_total", "Calls refused UNAUTHENTICATED, by reason",
-                                ["reason"], registry=metrics.registry)
-        for reason in REASONS:  # every series from the start, so rate() sees the first failure
-            self.failures.labels(reason)
+    def __init__(self, check: TokenCheck, metrics: Metrics) -> None:
+        self.check, self.requests = check, metrics.requests
 
     async def intercept_service(
             self, continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
@@ -193,10 +251,8 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
         handler = await continuation(details)
         if handler is None or details.method.startswith(EXEMPT_PREFIX):
             return handler
-        reason = refusal_reason(details.invocation_metadata, self.tokens)
-        if reason is None:
+        if self.check.refusal(details.invocation_metadata) is None:
             return handler
-        self.failures.labels(reason).inc()
         self.requests.labels(method=details.method.rsplit("/", 1)[-1], code="UNAUTHENTICATED",
                              protocol="grpc").inc()
         return _deny(handler)

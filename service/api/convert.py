@@ -1,4 +1,6 @@
-"""Protobuf <-> dataclasses: the only place, besides the servicer, that sees protobuf."""
+"""Protobuf <-> dataclasses, for the transports that speak the proto's messages (gRPC, and
+HTTP in their JSON mapping); the front door (``frontend``) and everything below it see only
+dataclasses."""
 
 from __future__ import annotations
 
@@ -6,6 +8,7 @@ import dataclasses
 import math
 from typing import Any, Sequence
 
+from service.app import Model
 from service.interface import Hypothesis, Partial, Prepared, Translation
 from service.models.manifest import Manifest
 from service.options import DecodingOptions
@@ -40,6 +43,13 @@ def partial(event: Partial, prepared: Sequence[Prepared], manifest: Manifest) ->
                                 model_version=manifest.version, translations=[
         pb.Translation(hypotheses=[pb.Hypothesis(text=text)], source_tokens=p.source_pieces[:-1])
         for text, p in zip(event.texts, prepared)])
+
+
+def model_list(models: Sequence[Model], *, provider: str) -> pb.ListModelsResponse:
+    """``ListModels``' answer: the served versions, the first one the default."""
+    return pb.ListModelsResponse(models=[
+        model_info(m.manifest, precision=m.engine.precision, provider=provider, is_default=i == 0)
+        for i, m in enumerate(models)])
 
 
 def model_info(manifest: Manifest, *, precision: str, provider: str, is_default: bool

@@ -11,11 +11,11 @@ from __future__ import annotations
 import json
 from typing import Any
 
-import grpc
 from google.protobuf import json_format
 from google.protobuf.internal.type_checkers import ToShortestFloat
 from google.protobuf.message import Message
 
+from service.errors import ErrorKind
 from service.proto.nmt.v1 import translation_pb2 as pb
 
 KIND_NAMES = {value.number: value.name for value in pb.ResultKind.DESCRIPTOR.values}
@@ -24,7 +24,7 @@ KIND_NAMES = {value.number: value.name for value in pb.ResultKind.DESCRIPTOR.val
 class BodyError(ValueError):
     """A request body that is no ``TranslateRequest``; the message names the problem."""
 
-    code = grpc.StatusCode.INVALID_ARGUMENT
+    kind = ErrorKind.INVALID_ARGUMENT
 
 
 def dump(tree: Any) -> bytes:

@@ -1,9 +1,12 @@
-"""HTTP/JSON beside gRPC: the same process, event loop, validation, scheduler, limits and metrics.
+"""The HTTP/JSON transport beside gRPC: the same process, event loop, front door and metrics.
 
-aiohttp on the gRPC server's event loop (``App.start`` starts it, ``App.stop`` drains it).
-Bodies are the proto's messages in protobuf's JSON mapping (``google.protobuf.json_format``,
-proto field names); errors are ``{"code": "<gRPC code name>", "message": "..."}`` with the
-message gRPC would send, and the HTTP status ``HTTP_STATUS[GRPC_CODES[kind]]``.
+aiohttp on the gRPC server's event loop (``service.api.server.App`` starts and drains it).
+Each route parses its JSON into plain values and calls the front door
+(``service.api.frontend``: validation, admission, translation), as the gRPC transport
+does; it imports no other transport. Bodies are the proto's messages in protobuf's JSON
+mapping (``google.protobuf.json_format``, proto field names); errors are
+``{"code": "<gRPC code name>", "message": "..."}`` with the message gRPC would send, and
+the HTTP status ``frontend.STATUS`` gives the error's kind.
 
 - ``POST /v1/translate``: ``TranslateRequest`` -> ``TranslateResponse``
 - ``POST /v1/translate:stream``: server-sent events, ``partial`` ... then ``final``
@@ -13,10 +16,10 @@ message gRPC would send, and the HTTP status ``HTTP_STATUS[GRPC_CODES[kind]]``.
 - ``GET /``: the web page (``service/api/web/``)
 
 A deadline: ``X-Request-Timeout: <seconds>``. Authorization: one hook, ``authorize(headers)``,
-called before anything else: ``authorizer`` makes it from the gRPC side's ``AuthInterceptor``
-(the same token file, refusal message and ``nmt_auth_failures_total``), or ``allow_all``
+called before anything else: ``auth.authorizer`` makes it from the token check gRPC makes
+(the same token file, refusal message and ``nmt_auth_failures_total``), or ``auth.allow_all``
 without tokens. TLS: ``ssl_context`` of ``HttpServer.start``, from the same files
-(``tls_context``; read at start, unlike gRPC's, which re-reads rotated files).
+(``auth.tls_context``; read at start, unlike gRPC's, which re-reads rotated files).
 """
 
 from __future__ import annotations
@@ -27,22 +30,16 @@ import logging
 import math
 import ssl
 from pathlib import Path
-from typing import TYPE_CHECKING, Awaitable, Callable, Mapping, NamedTuple
+from typing import Awaitable, Callable, Mapping
 
-import grpc
 from aiohttp import web
 
 from service.api import convert
-from service.api.auth import REFUSAL, AuthInterceptor, refusal_reason
-from service.api.grpc_server import HTTP_STATUS, answer
+from service.api.auth import Authorize, allow_all
+from service.api.frontend import OK, Admitted, Frontend, status
 from service.api.http_json import BodyError, parse_request, sse, to_json
-from service.config import SecurityConfig
 from service.errors import ErrorKind, NmtError, invalid
 from service.interface import Final, Partial
-from service.proto.nmt.v1 import translation_pb2 as pb
-
-if TYPE_CHECKING:
-    from service.api.grpc_server import App
 
 log = logging.getLogger("nmt.http")
 
@@ -51,62 +48,28 @@ TIMEOUT_HEADER = "X-Request-Timeout"
 RETRY_AFTER_SECONDS = 1
 STREAM_KEY = web.RequestKey("nmt.stream", web.StreamResponse)
 
-Authorize = Callable[[Mapping[str, str]], None]
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
-def allow_all(headers: Mapping[str, str]) -> None:
-    """The authorization hook until bearer tokens land: every request passes. A real hook
-    raises ``NmtError`` (its kind's gRPC code UNAUTHENTICATED answers 401)."""
+class HttpError(NmtError):
+    """A refusal before the request reaches the front door (body, content type, route), with
+    an HTTP status of its own where HTTP has a closer one than its kind's (413, 415, 405)."""
+
+    def __init__(self, kind: ErrorKind, message: str, *, http_status: int | None = None) -> None:
+        super().__init__(kind, message)
+        self.http_status = status(kind).http if http_status is None else http_status
 
 
-class Header(NamedTuple):
-    """An HTTP header in the shape of gRPC metadata (for ``auth.refusal_reason``)."""
-
-    key: str
-    value: str
-
-
-def authorizer(interceptor: AuthInterceptor | None) -> Authorize:
-    """The HTTP hook of the gRPC side's token check (``allow_all`` without tokens)."""
-    if interceptor is None:
-        return allow_all
-
-    def authorize(headers: Mapping[str, str]) -> None:
-        metadata = [Header("authorization", v) for k, v in headers.items() if k.lower() == "authorization"]
-        reason = refusal_reason(metadata, interceptor.tokens)
-        if reason is not None:
-            interceptor.failures.labels(reason).inc()
-            raise NmtError(ErrorKind.UNAUTHENTICATED, REFUSAL)
-    return authorize
+def error_body(error: NmtError, *, ensure_ascii: bool = False) -> bytes:
+    """``{"code": "<its kind's gRPC code name>", "message": ...}``."""
+    return json.dumps({"code": status(error.kind).name, "message": error.message},
+                      ensure_ascii=ensure_ascii).encode()
 
 
-def tls_context(security: SecurityConfig) -> ssl.SSLContext | None:
-    """HTTPS from the gRPC side's files (client certificates required with client CAs)."""
-    if not security.tls:
-        return None
-    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    context.load_cert_chain(security.tls_cert_file, security.tls_key_file)
-    if security.tls_client_ca_file is not None:
-        context.load_verify_locations(security.tls_client_ca_file)
-        context.verify_mode = ssl.CERT_REQUIRED
-    return context
-
-
-class HttpError(Exception):
-    """A refusal before the request reaches the shared path (body, content type, route)."""
-
-    def __init__(self, code: grpc.StatusCode, message: str, status: int | None = None) -> None:
-        super().__init__(message)
-        self.code, self.message = code, message
-        self.status = HTTP_STATUS[code] if status is None else status
-
-
-def error_response(code: grpc.StatusCode, message: str, status: int | None = None,
-                   headers: Mapping[str, str] | None = None) -> web.Response:
-    body = json.dumps({"code": code.name, "message": message}, ensure_ascii=False).encode()
-    return web.Response(status=HTTP_STATUS[code] if status is None else status, body=body,
-                        content_type="application/json", headers=headers)
+def error_response(error: NmtError, headers: Mapping[str, str] | None = None) -> web.Response:
+    http_status = error.http_status if isinstance(error, HttpError) else status(error.kind).http
+    return web.Response(status=http_status, body=error_body(error), content_type="application/json",
+                        headers=headers)
 
 
 def request_timeout(headers: Mapping[str, str]) -> float | None:
@@ -124,11 +87,10 @@ def request_timeout(headers: Mapping[str, str]) -> float | None:
 
 
 class HttpServer:
-    """The HTTP front end of one ``App``: routes, the shared error mapping, metrics, draining."""
+    """The HTTP transport over one front door: routes, the error mapping, metrics, draining."""
 
-    def __init__(self, app: App, *, authorize: Authorize = allow_all) -> None:
-        self.app, self.authorize = app, authorize
-        self.max_body = app.config.max_message_bytes
+    def __init__(self, frontend: Frontend, *, max_body: int, authorize: Authorize = allow_all) -> None:
+        self.frontend, self.authorize, self.max_body = frontend, authorize, max_body
         self.runner: web.AppRunner | None = None
         self.port = 0
         self.draining = False
@@ -170,7 +132,7 @@ class HttpServer:
     async def _guard(self, request: web.Request, handler: Handler) -> web.StreamResponse:
         """Every answer an HTTP error is JSON; draining refuses; in-flight requests tracked."""
         if self.draining and request.path != "/healthz":  # alive until the port closes
-            return error_response(grpc.StatusCode.UNAVAILABLE, "server shutting down")
+            return error_response(NmtError(ErrorKind.UNAVAILABLE, "server shutting down"))
         task = asyncio.current_task()
         if task is not None:
             self.inflight.add(task)
@@ -189,75 +151,80 @@ class HttpServer:
         where = f"{request.method} {request.path}"
         if isinstance(e, web.HTTPMethodNotAllowed):
             allowed = ", ".join(sorted(e.allowed_methods))
-            return error_response(grpc.StatusCode.UNIMPLEMENTED, f"{where}: method not allowed "
-                                  f"(allowed: {allowed})", status=405, headers={"Allow": allowed})
+            return error_response(HttpError(ErrorKind.UNIMPLEMENTED, f"{where}: method not allowed "
+                                            f"(allowed: {allowed})", http_status=405),
+                                  headers={"Allow": allowed})
         if isinstance(e, web.HTTPNotFound):
-            return error_response(grpc.StatusCode.NOT_FOUND, f"{where}: no such path")
-        return error_response(grpc.StatusCode.INVALID_ARGUMENT, f"{where}: {e.reason}", status=e.status)
+            return error_response(NmtError(ErrorKind.NOT_FOUND, f"{where}: no such path"))
+        return error_response(HttpError(ErrorKind.INVALID_ARGUMENT, f"{where}: {e.reason}",
+                                        http_status=e.status))
 
     def _observed(self, method: str, handler: Handler) -> Handler:
         """``handler`` timed and counted by code; errors answered by their kind's status."""
         async def observed(request: web.Request) -> web.StreamResponse:
-            metrics, code = self.app.metrics, grpc.StatusCode.OK
+            metrics, code = self.frontend.metrics, OK
             try:
                 with metrics.request_duration.labels(method=method, protocol="http").time():
                     self.authorize(request.headers)
                     return await handler(request)
-            except HttpError as e:
-                code = e.code
-                return error_response(e.code, e.message, e.status)
+            except HttpError as e:  # before the front door: never on a stream, never retried
+                code = status(e.kind).name
+                return error_response(e)
             except BodyError as e:
-                code = e.code
-                return error_response(e.code, str(e))
+                code = status(e.kind).name
+                return error_response(NmtError(e.kind, str(e)))
             except (asyncio.CancelledError, ConnectionResetError):  # the client went away
-                code = grpc.StatusCode.CANCELLED
+                code = status(ErrorKind.CANCELLED).name
                 metrics.cancelled.inc()
                 raise
             except Exception as e:  # NmtError by its kind; anything else is a bug
-                code, message = answer(e, metrics, method)
-                return await self._refuse(request, code, message)
+                error = self.frontend.failure(e, method=method)
+                code = status(error.kind).name
+                return await self._refuse(request, error)
             finally:
-                metrics.requests.labels(method=method, code=code.name, protocol="http").inc()
+                metrics.requests.labels(method=method, code=code, protocol="http").inc()
         return observed
 
     @staticmethod
-    async def _refuse(request: web.Request, code: grpc.StatusCode, message: str) -> web.StreamResponse:
+    async def _refuse(request: web.Request, error: NmtError) -> web.StreamResponse:
         """The error body; on an open event stream, as its last event."""
         stream = request.get(STREAM_KEY)
         if stream is not None:
-            await stream.write(sse("error", json.dumps({"code": code.name, "message": message}).encode()))
+            await stream.write(sse("error", error_body(error, ensure_ascii=True)))
             return stream
-        retry = {"Retry-After": str(RETRY_AFTER_SECONDS)} if code is grpc.StatusCode.RESOURCE_EXHAUSTED else None
-        return error_response(code, message, headers=retry)
+        retry = ({"Retry-After": str(RETRY_AFTER_SECONDS)} if error.kind is ErrorKind.RESOURCE_EXHAUSTED
+                 else None)
+        return error_response(error, headers=retry)
 
-    async def _body(self, request: web.Request) -> tuple[pb.TranslateRequest, float | None]:
-        """The request message and deadline: JSON only, within the body limit."""
+    async def _body(self, request: web.Request) -> tuple[Admitted, float | None]:
+        """The request, past the front door, and its deadline: JSON only, within the body limit."""
         timeout = request_timeout(request.headers)
         if request.content_type != "application/json":
-            raise HttpError(grpc.StatusCode.INVALID_ARGUMENT, "Content-Type must be application/json, "
-                            f"got {request.content_type!r}", status=415)
-        too_large = HttpError(grpc.StatusCode.RESOURCE_EXHAUSTED,
-                              f"request body must be at most {self.max_body} bytes", status=413)
+            raise HttpError(ErrorKind.INVALID_ARGUMENT, "Content-Type must be application/json, "
+                            f"got {request.content_type!r}", http_status=415)
+        too_large = HttpError(ErrorKind.RESOURCE_EXHAUSTED,
+                              f"request body must be at most {self.max_body} bytes", http_status=413)
         if (request.content_length or 0) > self.max_body:
             raise too_large
         try:
             body = await request.read()
         except web.HTTPRequestEntityTooLarge:
             raise too_large from None
-        return parse_request(body), timeout
+        message = parse_request(body)
+        return self.frontend.admit_request(texts=message.texts, options=convert.options(message.options),
+                                           model=message.model), timeout
 
     async def _translate(self, request: web.Request) -> web.StreamResponse:
-        message, timeout = await self._body(request)
-        model, prepared = self.app.prepare(message)
-        translations = await model.scheduler.translate(prepared, timeout=timeout)
-        return web.Response(body=to_json(convert.response(translations, model.manifest)),
+        admitted, timeout = await self._body(request)
+        translations = await self.frontend.translate(admitted, timeout=timeout)
+        return web.Response(body=to_json(convert.response(translations, admitted.model.manifest)),
                             content_type="application/json")
 
     async def _stream(self, request: web.Request) -> web.StreamResponse:
         """The first event decides the status (a full queue is still a 429); then events."""
-        message, timeout = await self._body(request)
-        model, prepared = self.app.prepare(message)
-        events = model.scheduler.stream(prepared, timeout=timeout)
+        admitted, timeout = await self._body(request)
+        prepared, manifest = admitted.prepared, admitted.model.manifest
+        events = self.frontend.stream(admitted, timeout=timeout)
         try:
             event = await anext(events)
             stream = web.StreamResponse(headers={"Content-Type": "text/event-stream",
@@ -266,9 +233,9 @@ class HttpServer:
             request[STREAM_KEY] = stream
             while True:
                 if isinstance(event, Partial):
-                    await stream.write(sse("partial", to_json(convert.partial(event, prepared, model.manifest))))
+                    await stream.write(sse("partial", to_json(convert.partial(event, prepared, manifest))))
                 elif isinstance(event, Final):
-                    await stream.write(sse("final", to_json(convert.response(event.translations, model.manifest))))
+                    await stream.write(sse("final", to_json(convert.response(event.translations, manifest))))
                     break
                 event = await anext(events)
         finally:
@@ -277,15 +244,16 @@ class HttpServer:
         return stream
 
     async def _models(self, request: web.Request) -> web.StreamResponse:
-        return web.Response(body=to_json(self.app.list_models()), content_type="application/json")
+        listing = convert.model_list(self.frontend.served(), provider=self.frontend.config.provider.value)
+        return web.Response(body=to_json(listing), content_type="application/json")
 
     async def _healthz(self, request: web.Request) -> web.StreamResponse:
         return web.json_response({"status": "alive"})
 
     async def _readyz(self, request: web.Request) -> web.StreamResponse:
-        if self.app.serving:
+        if self.frontend.ready:
             return web.json_response({"status": "SERVING"})
-        return error_response(grpc.StatusCode.UNAVAILABLE, "not serving: warming up or draining")
+        return error_response(NmtError(ErrorKind.UNAVAILABLE, "not serving: warming up or draining"))
 
     async def _index(self, request: web.Request) -> web.StreamResponse:
         return web.FileResponse(WEB / "index.html")

@@ -1,6 +1,6 @@
 """``nmt serve``: parse the configuration, run the server until SIGTERM, drain, exit.
 
-The process around ``service.api.grpc_server.App``: signals (SIGTERM and SIGINT
+The process around ``service.api.server.App``: signals (SIGTERM and SIGINT
 drain, SIGHUP rescans the model repository), start-up failures as one line and
 an exit code.
 """
@@ -13,7 +13,7 @@ import signal
 import sys
 
 from service.api.auth import TlsFiles, TokenFile
-from service.api.grpc_server import build, log
+from service.api.server import build, log
 from service.config import ConfigError, ServeConfig, parse
 from service.errors import ModelRepositoryError, ProviderUnavailableError
 
@@ -54,7 +54,7 @@ def main(argv: list[str]) -> int:
     except ConfigError as e:
         print(f"nmt serve: {e}", file=sys.stderr)
         return 2
-    logging.basicConfig(level=config.log_level.upper(),
+    logging.basicConfig(level=config.log_level.upper(),  # StrEnum: "info" -> "INFO"
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         check_security_files(config)  # before the models load: a bad file fails in a second

@@ -23,6 +23,16 @@ from service.interface import Key, Prepared
 BUCKET_TOKENS = 8
 """Sources whose lengths fall in the same 8-piece bucket are batched together first."""
 
+
+def overloaded(*, total: int, work: int, limit: int, bound: str = "") -> NmtError:
+    """The one overload refusal: queued work would be ``total`` with this request's ``work``;
+    ``bound`` "at least " when the work is a lower bound (before tokenizing)."""
+    return NmtError(ErrorKind.RESOURCE_EXHAUSTED,
+                    f"server overloaded: queued work would be {bound}{total} (estimated rows x "
+                    f"steps; this request {bound}{work}), above the limit max_queued_work={limit}; "
+                    "retry later")
+
+
 @dataclass
 class Entry:
     """One text of a request, queued or decoding."""
@@ -65,12 +75,17 @@ class SchedulerState:
                           "beam_size x maximum target length, summed over texts; lower beam_size or "
                           "max_decoding_length, or send fewer or shorter texts)", work)
         if self.work + work > limit:
-            raise NmtError(ErrorKind.RESOURCE_EXHAUSTED,
-                           f"server overloaded: queued work would be {self.work + work} "
-                           f"(estimated rows x steps; this request {work}), above the limit "
-                           f"max_queued_work={limit}; retry later")
+            raise overloaded(total=self.work + work, work=work, limit=limit)
         self.work += work
         self.queue += [Entry((request_id, i), p, now, deadline, stream) for i, p in enumerate(prepared)]
+
+    def refuse_if_full(self, least: int) -> None:
+        """RESOURCE_EXHAUSTED before a request is tokenized when even its least work (each of its
+        rows one step) would pass the limit: under a flood a refusal costs a comparison, not a
+        tokenization. A request above the limit alone is left to ``submit``, which says so."""
+        limit = self.config.max_queued_work
+        if least <= limit < self.work + least:
+            raise overloaded(total=self.work + least, work=least, limit=limit, bound="at least ")
 
     def cancel(self, request_id: int) -> None:
         """Drop the request's queued texts; its decoding rows leave at the next cycle."""

@@ -101,6 +101,13 @@ class Scheduler:
             self._idle.set()
         return request
 
+    def refuse_if_full(self, least: int) -> None:
+        """Admission before tokenizing: RESOURCE_EXHAUSTED at once when a request of at least
+        ``least`` work (rows x steps) cannot fit now (``SchedulerState.refuse_if_full``). Read
+        under the lock, as ``stream``'s submit decides, which still decides on the exact work."""
+        with self._lock:
+            self.state.refuse_if_full(least)
+
     async def translate(self, prepared: Sequence[Prepared], *, timeout: float | None = None
                         ) -> list[Translation]:
         """Translations of ``prepared``, in order; raises NmtError."""
