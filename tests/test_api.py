@@ -162,12 +162,29 @@ def test_client_prints_translations_nbest_and_alignment(server: ServerThread, re
     assert client.main(["--server", server.address]) == 0
     first, last = best(reversal_engine, ["1 2 3", "7 8"])
     assert capsys.readouterr().out == f"{first}\n\n{last}\n"
-    assert client.main(["--server", server.address, "--beam", "3", "--nbest", "2", "--alignment", "5 6"]) == 0
+    assert client.main(["--server", server.address, "--beam-size", "3", "--num-hypotheses", "2",
+                        "--return-attention", "5 6"]) == 0
     lines = capsys.readouterr().out.splitlines()
     top = reversal_engine.translate(["5 6"], DecodingOptions(beam_size=3, num_hypotheses=2))[0].hypotheses[0]
     assert re.fullmatch(rf"0 \|\|\| {re.escape(top.text)} \|\|\| -\d+\.\d{{4}}", lines[0])
     assert lines[1].split() == ["target", "source", "weight"]
     assert [line.split()[0] for line in lines[2:2 + len(top.tokens)]] == list(top.tokens)
     assert sum(line.startswith("1 ||| ") for line in lines) == 1
-    assert client.main(["--server", server.address, "--beam", "0", "x"]) == 1
+    assert client.main(["--server", server.address, "--beam-size", "0", "x"]) == 1
     assert "INVALID_ARGUMENT: options.beam_size must be between 1 and 4, got 0" in capsys.readouterr().err
+
+
+def test_client_old_flag_names_still_work_and_say_they_are_deprecated(server: ServerThread, capsys) -> None:
+    new = ["--beam-size", "3", "--num-hypotheses", "2", "--return-attention"]
+    old = ["--beam", "3", "--nbest=2", "--alignment"]
+    assert client.main(["--server", server.address, *new, "5 6 7"]) == 0
+    answer = capsys.readouterr()
+    assert client.main(["--server", server.address, *old, "5 6 7"]) == 0
+    answer_old = capsys.readouterr()
+    assert answer_old.out == answer.out and answer.out.startswith("0 ||| ") and answer.err == ""
+    assert answer_old.err.splitlines() == ["nmt translate: --beam is deprecated, use --beam-size",
+                                           "nmt translate: --nbest is deprecated, use --num-hypotheses",
+                                           "nmt translate: --alignment is deprecated, use --return-attention"]
+    for flag, name in client.DEPRECATED_FLAGS.items():
+        assert client.parse([flag, *(["2"] if flag != "--alignment" else [])]) == client.parse(
+            [name, *(["2"] if name != "--return-attention" else [])])

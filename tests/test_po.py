@@ -227,13 +227,14 @@ def test_a_template_gets_a_usable_header(po_server, tmp_path: Path,
 def test_same_translations_as_nmt_translate(po_server, tmp_path: Path, beam: int,
                                             capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "fr.po"
+    flag = "--beam" if beam == 1 else "--beam-size"  # the old name is an alias for one release
     code, _, err = translate_po(capsys, FIXTURE, "-o", out, "--server", po_server.address, "--no-fuzzy",
-                                "--beam", beam)
+                                flag, beam)
     assert code == 0, err
     filled = machine(polib.pofile(str(out)))
     cores = sorted({core for e in filled for s in (e.msgid, e.msgid_plural) if s
                     for _, core, _ in catalogs.lines(s) if core})
-    assert translate.main(["--server", po_server.address, "--beam", str(beam), "--", *cores]) == 0
+    assert translate.main(["--server", po_server.address, flag, str(beam), "--", *cores]) == 0
     reference = dict(zip(cores, capsys.readouterr().out.split("\n")))
     for e in filled:
         if e.msgid_plural:

@@ -1,7 +1,7 @@
 """``nmt translate-po``: fill a gettext catalog (``.po`` or ``.pot``) through a running server.
 
     nmt translate-po messages.pot -o fr.po            # machine output marked fuzzy
-    nmt translate-po fr.po -o fr.po --no-fuzzy --beam 4
+    nmt translate-po fr.po -o fr.po --no-fuzzy --beam-size 4
 
 Entries already translated (fuzzy or not), obsolete entries and the header's
 other fields are kept as they are unless ``--overwrite``. Plural entries get
@@ -262,7 +262,6 @@ def run(args: argparse.Namespace, stderr: TextIO) -> Summary:
 
 def _int_in(low: int, high: int) -> Callable[[str], int]:
     """An argparse type: an integer in [low, high]."""
-
     def convert(text: str) -> int:
         value = int(text)
         if not low <= value <= high:
@@ -278,7 +277,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("-o", "--output", required=True, help="the catalog to write (may be INPUT)")
     add_connection_arguments(p)
     p.add_argument("--model", default="", help="model name or name/version (default: the server's)")
-    p.add_argument("--beam", type=_int_in(1, 64), default=1, help="beam size (1 = greedy)")
+    p.add_argument("--beam-size", "--beam", dest="beam", type=_int_in(1, 64), default=1,
+                   help="beam size (1 = greedy) [deprecated alias: --beam]")
     p.add_argument("--language", default="", help="target language (default: the model's)")
     p.add_argument("--overwrite", action="store_true", help="retranslate translated and fuzzy entries")
     p.add_argument("--no-fuzzy", action="store_true", help="do not mark machine output fuzzy")

@@ -2,12 +2,14 @@
 
     nmt translate "Open the file"          # one or more texts as arguments
     nmt translate < messages.txt           # one text per line, output in the same order
-    nmt translate --beam 5 --nbest 3 --alignment "Delete %s files?"
+    nmt translate --beam-size 5 --num-hypotheses 3 --return-attention "Delete %s files?"
     nmt translate --tls-ca-file ca.crt --token-file token "Open the file"   # TLS and a token
 
-With ``--nbest`` above 1 each hypothesis prints as ``index ||| text ||| score``
-(the Moses n-best format); ``--alignment`` adds a table of which source piece
-each target piece attended to.
+The decoding flags are named as the API's options (``beam_size``, ``num_hypotheses``,
+``return_attention``). With ``--num-hypotheses`` above 1 each hypothesis prints as
+``index ||| text ||| score`` (the Moses n-best format); ``--return-attention`` adds a
+table of which source piece each target piece attended to. The old spellings
+``--beam``, ``--nbest`` and ``--alignment`` still work, for one release (deprecated).
 
 TLS: ``--tls-ca-file`` (the CA the server's certificate must chain to) turns TLS on;
 ``--tls-cert-file`` and ``--tls-key-file`` present a client certificate (mTLS).
@@ -40,9 +42,13 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--server", default=os.environ.get("NMT_SERVER", DEFAULT_SERVER),
                    help="host:port of nmt serve [NMT_SERVER]")
     p.add_argument("--model", default="", help="model name (default: the server's default)")
-    p.add_argument("--beam", type=int, default=1, help="beam size (1 = greedy)")
-    p.add_argument("--nbest", type=int, default=1, help="hypotheses to print per text")
-    p.add_argument("--alignment", action="store_true", help="print an alignment table")
+    # the old names stay as aliases for one release (DEPRECATED_FLAGS; argparse accepts both)
+    p.add_argument("--beam-size", "--beam", dest="beam_size", type=int, default=1,
+                   help="beam size (1 = greedy) [deprecated alias: --beam]")
+    p.add_argument("--num-hypotheses", "--nbest", dest="num_hypotheses", type=int, default=1,
+                   help="hypotheses to print per text [deprecated alias: --nbest]")
+    p.add_argument("--return-attention", "--alignment", dest="return_attention", action="store_true",
+                   help="print an alignment table [deprecated alias: --alignment]")
     p.add_argument("--timeout", type=float, default=30.0, help="seconds per request")
     for flag, help_ in CLIENT_FLAGS:
         name = client_env(flag)
@@ -57,6 +63,11 @@ CLIENT_FLAGS = [
     ("--tls-server-name", "name to verify the server certificate against (default: the host)"),
     ("--token-file", "file whose first token is sent as 'authorization: Bearer <token>'"),
 ]
+
+
+DEPRECATED_FLAGS = {"--beam": "--beam-size", "--nbest": "--num-hypotheses",
+                    "--alignment": "--return-attention"}
+"""Old flag -> its name as the API's option; the old ones go in the release after next."""
 
 
 def client_env(flag: str) -> str:
@@ -111,8 +122,8 @@ def render(translation: pb.Translation, args: argparse.Namespace) -> list[str]:
     """The lines printed for one text."""
     lines = []
     for i, h in enumerate(translation.hypotheses):
-        lines.append(f"{i} ||| {h.text} ||| {h.score:.4f}" if args.nbest > 1 else h.text)
-        if args.alignment:
+        lines.append(f"{i} ||| {h.text} ||| {h.score:.4f}" if args.num_hypotheses > 1 else h.text)
+        if args.return_attention:
             lines += alignment_table(h)
     return lines
 
@@ -120,8 +131,8 @@ def render(translation: pb.Translation, args: argparse.Namespace) -> list[str]:
 def translate_all(stub: pb_grpc.TranslatorStub, texts: list[str], args: argparse.Namespace,
                   out: TextIO) -> None:
     """Translate non-empty texts in chunks; an empty input line prints an empty line."""
-    options = pb.DecodingOptions(beam_size=args.beam, num_hypotheses=args.nbest,
-                                 return_attention=args.alignment)
+    options = pb.DecodingOptions(beam_size=args.beam_size, num_hypotheses=args.num_hypotheses,
+                                 return_attention=args.return_attention)
     wanted = [t for t in texts if t.strip()]
     answers: list[pb.Translation] = []
     for chunk in chunks(wanted, TEXTS_PER_REQUEST):
@@ -134,8 +145,19 @@ def translate_all(stub: pb_grpc.TranslatorStub, texts: list[str], args: argparse
         out.write("\n".join(lines) + "\n")
 
 
+def warn_deprecated(argv: Sequence[str]) -> None:
+    """One line on stderr per old flag name used (``--beam`` or ``--beam=5``)."""
+    for arg in argv:
+        if arg == "--":
+            break
+        new = DEPRECATED_FLAGS.get(arg.split("=", 1)[0])
+        if new:
+            print(f"nmt translate: {arg.split('=', 1)[0]} is deprecated, use {new}", file=sys.stderr)
+
+
 def main(argv: list[str]) -> int:
     args = parse(argv)
+    warn_deprecated(argv)
     try:
         channel = open_channel(args.server, ca_file=args.tls_ca_file, cert_file=args.tls_cert_file,
                                key_file=args.tls_key_file, server_name=args.tls_server_name)
