@@ -79,7 +79,7 @@ TRAIN_STEPS ?= 2347
 VALIDATE_STEPS ?= 200
 TRAIN_THREADS ?= 2
 # > 0: a new model's weights from uniform(-x, x), as OpenNMT-py and en-fr/3; 0: PyTorch's per-layer defaults, as
-# en-fr/2 and models/evaluation were trained (README "Quality at that wall time": what each gives)
+# en-fr/2 and docs/evaluation were trained (docs/opennmt.md: what each gives)
 INIT_UNIFORM ?= 0.1
 # the run directory names a non-default initialisation: build/train-v2-<kind>-u0.1/ (en-fr/3's), build/train-v2-<kind>/ (0)
 INIT_TAG = $(if $(filter 0 0.0,$(INIT_UNIFORM)),,-u$(INIT_UNIFORM))
@@ -155,13 +155,24 @@ family: $(foreach k,$(FAMILY),$(BUILD)/family/$(k)/1/manifest.json)
 serve-family: family
 	$(BIN)/nmt serve --model-repository $(BUILD)/family --default-model $(ATTENTION)
 
-# the four side by side, and en-fr/1: models/evaluation/comparison.{md,json}, bleu-by-length.png, attention-<k>.png
-# (INIT_UNIFORM=0: the committed comparison, PyTorch's initialisation; the default 0.1 writes models/evaluation-u0.1)
-# (v1's training sources are all in v2's training split, so excluding v2's leaves out what en-fr/1 trained on too)
-compare: $(foreach k,$(FAMILY),$(BUILD)/train-v2-$(k)$(INIT_TAG)/best.pt)
+# en-fr/1 and en-fr/2 left the tree after $(RETIRED) (issue 28); git history keeps them (not a shallow clone's):
+# `make build/en-fr/checkpoint-1.pt build/en-fr/1/manifest.json` for the comparison and the figures measured on them
+RETIRED := 8b1576e263a84a5adff7264058b2a40b63eaad54
+$(BUILD)/en-fr/checkpoint-1.pt $(BUILD)/en-fr/checkpoint-2.pt:
+	mkdir -p $(@D)
+	git show $(RETIRED):models/en-fr/$(@F) > $@.tmp && mv $@.tmp $@
+$(BUILD)/en-fr/1/manifest.json $(BUILD)/en-fr/2/manifest.json:
+	rm -rf $(@D) && mkdir -p $(BUILD)
+	git archive $(RETIRED) models/en-fr/$(notdir $(@D)) | tar -x -C $(BUILD) --strip-components=1
+
+# the four side by side, and en-fr/1: $(BUILD)/evaluation/comparison.{md,json}, bleu-by-length.png, attention-<k>.png
+# (INIT_UNIFORM=0: the comparison docs/evaluation/ keeps, PyTorch's initialisation; the default 0.1 writes
+# $(BUILD)/evaluation-u0.1) (v1's training sources are all in v2's training split, so excluding v2's leaves out
+# what en-fr/1 trained on too)
+compare: $(foreach k,$(FAMILY),$(BUILD)/train-v2-$(k)$(INIT_TAG)/best.pt) $(BUILD)/en-fr/checkpoint-1.pt
 	$(BIN)/nmt compare $(foreach k,$(FAMILY),--system $(k)=$(BUILD)/train-v2-$(k)$(INIT_TAG)/best.pt) \
-		--system en-fr-1=models/en-fr/checkpoint-1.pt \
-		--corpus $(CORPUS) --exclude-train $(CORPUS)/train.jsonl --output models/evaluation$(INIT_TAG)
+		--system en-fr-1=$(BUILD)/en-fr/checkpoint-1.pt \
+		--corpus $(CORPUS) --exclude-train $(CORPUS)/train.jsonl --output $(BUILD)/evaluation$(INIT_TAG)
 
 # Locust, headless, against a server it starts (reports under loadtest/results/locust/)
 loadtest: $(VENV)/.dev

@@ -1,6 +1,6 @@
 """Translation quality of the serving engine itself (fp32 vs int8), on a test split.
 
-    python loadtest/quality_engine.py models/en-fr/1 build/corpus/test.jsonl [--beam 5] [--record]
+    python loadtest/quality_engine.py build/en-fr/3 build/corpus-v2/test.jsonl [--beam 5] [--record]
 
 Decodes every source with ``service.decoding.engine.Engine`` (the path users hit) in
 each precision and scores it like ``nmt evaluate`` (sacreBLEU and chrF,

@@ -41,7 +41,7 @@ TOKENS_METRIC = "nmt_generated_tokens_total"
 
 def parse(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model-repository", default=os.environ.get("NMT_MODEL_REPOSITORY", "models/en-fr/1"))
+    p.add_argument("--model-repository", default=os.environ.get("NMT_MODEL_REPOSITORY", "models/en-fr/3"))
     p.add_argument("--server", help="host:port of a running server (default: start one here)")
     p.add_argument("--metrics", help="host:port of that server's /metrics (for texts/s, tokens/s)")
     p.add_argument("--server-arg", action="append", default=[],

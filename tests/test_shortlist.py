@@ -95,9 +95,10 @@ def test_candidates_mask_each_row_to_its_own_text(shortlisted: Path) -> None:
     assert c.gathered and c.width % shortlist.ALIGN == 0
     union = list(c.feed["candidates"][:4])
     assert union == [3, 5, 7, 9]
-    mask = c.feed["candidate_mask"]  # (rows, width)
-    assert mask.shape == (3, c.width)
-    assert [list(np.flatnonzero(row)) for row in mask] == [[0, 1, 2], [0, 1, 2], [1, 3]]
+    bias = c.feed["row_bias"]  # (rows, width)
+    assert bias.shape == (3, c.width)
+    assert [list(np.flatnonzero(row > shortlist.NEG_LARGE)) for row in bias] == [[0, 1, 2], [0, 1, 2], [1, 3]]
+    np.testing.assert_array_equal(bias[2, [1, 3]], layer.bias[[5, 9]])
     np.testing.assert_array_equal(c.feed["shortlist_weight"], layer.weight[:, c.feed["candidates"]])
     wide = candidates(layer, [np.arange(len(layer.scale))], [1], pad_id=0)
     assert not wide.gathered and wide.width == len(layer.scale)

@@ -181,7 +181,7 @@ class Runtime:
             kind: _load_session(path, options, providers, {**DECODER_INPUTS, **extra}, DECODER_OUTPUTS,
                                 model=graph.SerializeToString())
             for kind, graph, extra in ((True, gathered, SHORTLIST_INPUTS),
-                                       (False, masked, {"candidate_mask": SHORTLIST_INPUTS["candidate_mask"]}))}
+                                       (False, masked, {"row_bias": ["rows", "vocab_size"]}))}
         self.shortlist = shortlist
 
     def _step_feed(self) -> dict[str, np.ndarray]:
