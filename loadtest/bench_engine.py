@@ -6,7 +6,7 @@
 Decodes the first ``--max-sentences`` sources of the test split in consecutive
 batches of 1, 8, 32 and 64 sentences, greedy and beam 5, with each engine:
 ``service.decoding.engine.Engine`` on the fp32 and int8 graphs, and the PyTorch
-reference ``export.search.beam_search`` (batched, ``torch.inference_mode``, the
+reference ``export.train.search.beam_search`` (batched, ``torch.inference_mode``, the
 same search algorithm) on the checkpoint the graphs came from, in fp32 and with
 bf16 weights and activations (``model.to(torch.bfloat16)``), all with the same
 number of threads. Both include tokenization and detokenization. Reports target
