@@ -140,6 +140,8 @@ model: $(BUILD)/train-v2-$(ATTENTION)$(INIT_TAG)/best.pt
 		--quantize int8 --test-split $(CORPUS)/test.jsonl --quality models/en-fr/evaluation-3/results.json --force
 	$(BIN)/python loadtest/quality_engine.py $(BUILD)/en-fr/3 $(CORPUS)/test.jsonl --record \
 		--out loadtest/results/quality_engine_en-fr-3
+	$(BIN)/nmt shortlist $(BUILD)/en-fr/3 --corpus $(CORPUS)
+	$(BIN)/python loadtest/quality_shortlist.py $(BUILD)/en-fr/3 $(CORPUS) --record --out loadtest/results
 	rm -rf models/en-fr/.3.tmp && cp -r $(BUILD)/en-fr/3 models/en-fr/.3.tmp
 	$(BIN)/nmt prune models/en-fr/.3.tmp --keep int8
 	rm -rf models/en-fr/3 && mv models/en-fr/.3.tmp models/en-fr/3

@@ -1,6 +1,6 @@
 """This release against a previous one, side by side: saturated service throughput.
 
-    git worktree add /tmp/base 937e2a2        # the previous release
+    git worktree add /tmp/base f967d83        # the previous release
     python loadtest/bench_release.py --previous /tmp/base --texts build/corpus/test.jsonl
 
 Each release serves its own shipped model with its own defaults (``nmt serve``
@@ -39,10 +39,12 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))  # the server harness the tests use
 
 from harness import ServerProcess  # noqa: E402
+from service.decoding.int8_form import FAST_FLAGS, FormChoice, Int8Form, cpu_flags, decide  # noqa: E402
 from service.proto.nmt.v1 import translation_pb2 as pb  # noqa: E402
 from service.proto.nmt.v1 import translation_pb2_grpc as pb_grpc  # noqa: E402
 
 SHAPES = (1, 8)  # texts per call
+FORM = decide(FormChoice.AUTO, cpu_flags())[0]
 RESULTS = ROOT / "loadtest" / "results"
 
 
@@ -89,14 +91,18 @@ def model_flops(config: dict, *, texts: int, source_tokens: int, target_tokens: 
 
 
 def int8_product_rate(rows: int = 160, inner: int = 1280, outer: int = 1536, threads: int = 2) -> float:
-    """Integer ops/s of a u8 x u8 ``MatMulInteger`` (rows x inner x outer), median of 30 runs."""
+    """Integer ops/s of a ``MatMulInteger`` (rows x inner x outer) in the form this CPU's fast path
+    uses (``service.decoding.int8_form``: u8 x s8 with VNNI or AMX, else u8 x u8), median of 30 runs."""
     rng = np.random.default_rng(0)
+    signed = FORM is Int8Form.U8S8
+    weight = (rng.integers(-127, 128, (inner, outer), dtype=np.int8) if signed
+              else rng.integers(0, 256, (inner, outer), dtype=np.uint8))
     graph = helper.make_graph(
         [helper.make_node("MatMulInteger", ["a", "b", "za", "zb"], ["y"])], "product",
         [helper.make_tensor_value_info("a", TensorProto.UINT8, ["rows", inner])],
         [helper.make_tensor_value_info("y", TensorProto.INT32, None)],
-        [numpy_helper.from_array(rng.integers(0, 256, (inner, outer), dtype=np.uint8), "b"),
-         numpy_helper.from_array(np.array(128, np.uint8), "za"), numpy_helper.from_array(np.array(128, np.uint8), "zb")])
+        [numpy_helper.from_array(weight, "b"), numpy_helper.from_array(np.array(128, np.uint8), "za"),
+         numpy_helper.from_array(np.array(0, np.int8) if signed else np.array(128, np.uint8), "zb")])
     opts = ort.SessionOptions()
     opts.intra_op_num_threads = threads
     session = ort.InferenceSession(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
@@ -112,10 +118,10 @@ def int8_product_rate(rows: int = 160, inner: int = 1280, outer: int = 1536, thr
     return 2.0 * rows * inner * outer / statistics.median(times)
 
 
-def serve(tree: Path, name: str, log_dir: Path) -> ServerProcess:
-    """``nmt serve`` of the checkout ``tree`` with its defaults and its shipped model."""
+def serve(tree: Path, name: str, log_dir: Path, model: str) -> ServerProcess:
+    """``nmt serve`` of the checkout ``tree`` with its defaults and its shipped model ``model``."""
     env = {"PYTHONPATH": str(tree)}
-    return ServerProcess(tree / "models" / "en-fr" / "1", log_dir / f"bench_release_{name}_server.log",
+    return ServerProcess(tree / model, log_dir / f"bench_release_{name}_server.log",
                          env=env, cwd=tree, startup_timeout=300)
 
 
@@ -128,7 +134,7 @@ def run(args: argparse.Namespace) -> dict:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     for r in range(args.rounds):
         for name, tree in trees.items():
-            server = serve(tree, name, args.out.parent)
+            server = serve(tree, name, args.out.parent, args.model)
             try:
                 for per_call in SHAPES:
                     result = asyncio.run(saturate(server.address, texts, per_call=per_call, clients=args.clients,
@@ -139,11 +145,12 @@ def run(args: argparse.Namespace) -> dict:
             finally:
                 server.stop()
         product_rates.append(int8_product_rate())
-    manifest = json.loads((ROOT / "models" / "en-fr" / "1" / "manifest.json").read_text())
+    manifest = json.loads((ROOT / args.model / "manifest.json").read_text())
     return {"rounds": rounds, "int8_product_ops_per_s": statistics.median(product_rates),
             "model_config": manifest["model_config"], "clients": args.clients, "duration": args.duration,
             "cpu": f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs",
-            "previous": str(args.previous), "onnxruntime": ort.__version__}
+            "previous": str(args.previous), "onnxruntime": ort.__version__, "int8_form": FORM.value,
+            "flags": sorted(cpu_flags() & {"avx2", "avx512f", *FAST_FLAGS})}
 
 
 def markdown(r: dict, args: argparse.Namespace) -> str:
@@ -151,7 +158,8 @@ def markdown(r: dict, args: argparse.Namespace) -> str:
                   for n, rs in shapes.items()} for name, shapes in r["rounds"].items()}
     out = ["# This release against the previous one (saturated, default settings)", "",
            f"`python loadtest/bench_release.py --previous {args.previous} --texts {args.texts} --rounds {args.rounds} "
-           f"--duration {args.duration:g} --clients {args.clients}`; {r['cpu']}; onnxruntime {r['onnxruntime']}. "
+           f"--duration {args.duration:g} --clients {args.clients}`; {r['cpu']}, CPU flags "
+           f"{', '.join(r['flags']) or 'none'}; onnxruntime {r['onnxruntime']}. "
            "Alternating rounds, medians; each release with its own defaults and shipped model.", "",
            "| texts per call | previous texts/s | this texts/s | ratio | previous tokens/s | this tokens/s | ratio |",
            "|---:|---:|---:|---:|---:|---:|---:|"]
@@ -164,7 +172,7 @@ def markdown(r: dict, args: argparse.Namespace) -> str:
         for name, shapes in r["rounds"].items() for n, rs in shapes.items())]
     rate = r["int8_product_ops_per_s"]
     out += ["", "## Useful FLOP/s at saturation", "",
-            f"Against an int8 product of the GRU cell's shape (160 x 1280 x 1536, u8 x u8 `MatMulInteger`, "
+            f"Against an int8 product of the GRU cell's shape (160 x 1280 x 1536, {r['int8_form']} `MatMulInteger`, "
             f"2 threads) measured in the same run: {rate / 1e9:.0f} G ops/s.", "",
             "| release | texts per call | useful GFLOP/s | share of the int8 product rate |", "|---|---:|---:|---:|"]
     for name, shapes in r["rounds"].items():
@@ -183,6 +191,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--duration", type=float, default=10.0, help="seconds per measurement")
     p.add_argument("--clients", type=int, default=128)
     p.add_argument("--max-texts", type=int, default=1000)
+    p.add_argument("--model", default="models/en-fr/3", help="the model each checkout serves (relative to it)")
     p.add_argument("--out", type=Path, default=RESULTS / "bench_release")
     args = p.parse_args(argv)
     result = run(args)
