@@ -16,13 +16,13 @@ in-process server is made: ``loadtest/run_locust.py`` uses ``ServerProcess`` alo
 - ``ServerProcess``: ``python -m service.cli serve`` on free ports, its output in a
   log file; up when health says SERVING; ``stop()`` sends SIGTERM, returns the exit code.
 - ``wait_until``: the one poll helper.
+- ``metric``, ``scrape``, ``http_request``, ``sse_events``: the HTTP clients
+  (``tests/http_clients.py``), re-exported here.
 """
 
 from __future__ import annotations
 
 import asyncio
-import http.client
-import json
 import os
 import signal
 import socket
@@ -30,15 +30,13 @@ import subprocess
 import sys
 import threading
 import time
-import urllib.request
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Callable, Sequence
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from prometheus_client.parser import text_string_to_metric_families
 
+from http_clients import HttpAnswer, http_request, metric, scrape, sse_events  # noqa: F401 (re-exported)
 from service.proto.nmt.v1 import translation_pb2_grpc as pb_grpc
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -79,60 +77,6 @@ def log_tail(log: Path | None, chars: int = LOG_TAIL_CHARS) -> str:
     if log is None or not log.exists():
         return ""
     return f"\n--- last of {log} ---\n{log.read_text(errors='replace')[-chars:]}"
-
-
-def metric(metrics_port: int, sample: str, /, **labels: str) -> float:
-    """One sample from a live /metrics endpoint: the first with these labels, 0 if absent."""
-    text = scrape(metrics_port)
-    for family in text_string_to_metric_families(text):
-        for s in family.samples:
-            if s.name == sample and all(s.labels.get(k) == v for k, v in labels.items()):
-                return s.value
-    return 0.0
-
-
-def scrape(metrics_port: int, timeout: float = 10) -> str:
-    """The /metrics text."""
-    return urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=timeout).read().decode()
-
-
-@dataclass
-class HttpAnswer:
-    """An HTTP answer: status, headers (names in lower case), body; ``json()`` parses it."""
-
-    status: int
-    headers: dict[str, str]
-    body: bytes
-
-    def json(self) -> Any:
-        return json.loads(self.body)
-
-
-def http_request(port: int, method: str, path: str, body: object = None,
-                 headers: dict[str, str] | None = None, timeout: float = 60) -> HttpAnswer:
-    """One request to 127.0.0.1:``port``: ``body`` bytes as given, anything else as JSON
-    (``Content-Type: application/json`` unless ``headers`` say otherwise)."""
-    headers = dict(headers or {})
-    if body is not None and not isinstance(body, bytes):
-        body = json.dumps(body).encode()
-        headers.setdefault("Content-Type", "application/json")
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
-    try:
-        conn.request(method, path, body=body, headers=headers)
-        reply = conn.getresponse()
-        return HttpAnswer(reply.status, {k.lower(): v for k, v in reply.getheaders()}, reply.read())
-    finally:
-        conn.close()
-
-
-def sse_events(body: bytes) -> list[tuple[str, Any]]:
-    """(event, parsed data) of a server-sent event stream, in order."""
-    events = []
-    for block in body.decode().split("\n\n"):
-        fields = dict(line.split(": ", 1) for line in block.splitlines() if ": " in line)
-        if "event" in fields:
-            events.append((fields["event"], json.loads(fields["data"])))
-    return events
 
 
 def is_serving(channel: grpc.Channel, service: str = "") -> bool:

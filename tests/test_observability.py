@@ -1,5 +1,5 @@
 """Observability end to end: ``nmt serve`` as a process, scraped by promtool, a real
-Prometheus and the dashboard's queries; the Locust load test in a short run.
+Prometheus and the dashboard's queries (the Locust load test: ``tests/test_locust.py``).
 
 Metric values for a known sequence of requests are checked in test_api.py;
 here: the exposition is valid for Prometheus' own tools, scraping does not get
@@ -11,16 +11,13 @@ without it.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
-import os
 import re
 import shutil
 import socket
 import statistics
 import subprocess
-import sys
 import threading
 import time
 import urllib.error
@@ -283,30 +280,3 @@ def test_every_dashboard_query_returns_data(prometheus: Prometheus) -> None:
         if not any(math.isfinite(v) for v in values):
             empty.append((title, expr, values))
     assert not empty
-
-
-# ---- Locust ---------------------------------------------------------------------------------
-
-def test_short_locust_run_has_no_failures(tiny_repository: Path, tiny_corpus: Path, tmp_path: Path) -> None:
-    """``make loadtest``'s script end to end: it starts a server, runs Locust, stops the server."""
-    if importlib.util.find_spec("locust") is None:  # not imported: locust monkey-patches on import
-        pytest.skip("locust not installed (pip install -e '.[loadtest]')")
-    out = tmp_path / "results"
-    env = {**os.environ, "NMT_LOCUST_BEAM": "2", "NMT_LOCUST_NBEST": "2", "NMT_LOCUST_BATCH_TEXTS": "3"}
-    run = subprocess.run(
-        [sys.executable, "loadtest/run_locust.py", "--model-repository", str(tiny_repository),
-         "--texts", str(tiny_corpus / "test.jsonl"), "--users", "3", "--time", "15", "--wait", "0,0.1",
-         "--weights", "short=1,long=1,beam=1,nbest=1,batch=1,stream=1", "--output", str(out),
-         "--prefix", "short"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
-    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
-    stats = json.loads((out / "short.json").read_text())
-    assert sum(e["num_requests"] for e in stats) >= 5
-    assert sum(e["num_failures"] for e in stats) == 0
-    assert {e["name"] for e in stats} == {"Translate short", "Translate long", "Translate beam",  # the weights
-                                          "Translate nbest", "Translate batch", "TranslateStream long"}
-    assert len((out / "short_stats.csv").read_text().splitlines()) >= 2
-    assert "<html" in (out / "short.html").read_text().lower()
-    assert (out / "short_exceptions.csv").read_text().count("\n") == 1  # the header only
-    summary = json.loads((out / "short_summary.json").read_text())
-    assert summary[0]["users"] == 3 and summary[0]["failures"] == 0 and summary[0]["tokens_per_s"] > 0
-    assert "stopped" in (out / "short_server.log").read_text()
