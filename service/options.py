@@ -1,7 +1,8 @@
 """Decoding options, named once (proto, Python, docs), and the one request validation.
 
-``validate_request`` is called once per request by the front end
-(``service.api``); everything after it trusts the options. The maximum target
+``validate_request`` is called once per request by the front door
+(``service.api.frontend``), whichever transport it came by; everything after it trusts
+the options. The maximum target
 length has one rule, ``max_target_length``, used by the service and by the
 PyTorch reference search (``export.search``).
 """

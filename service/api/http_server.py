@@ -196,8 +196,9 @@ class HttpServer:
                  else None)
         return error_response(error, headers=retry)
 
-    async def _body(self, request: web.Request) -> tuple[Admitted, float | None]:
-        """The request, past the front door, and its deadline: JSON only, within the body limit."""
+    async def _admit(self, request: web.Request) -> tuple[Admitted, float | None]:
+        """The request, read, parsed and past the front door, and its deadline: JSON only, within
+        the body limit."""
         timeout = request_timeout(request.headers)
         if request.content_type != "application/json":
             raise HttpError(ErrorKind.INVALID_ARGUMENT, "Content-Type must be application/json, "
@@ -215,14 +216,14 @@ class HttpServer:
                                            model=message.model), timeout
 
     async def _translate(self, request: web.Request) -> web.StreamResponse:
-        admitted, timeout = await self._body(request)
+        admitted, timeout = await self._admit(request)
         translations = await self.frontend.translate(admitted, timeout=timeout)
         return web.Response(body=to_json(convert.response(translations, admitted.model.manifest)),
                             content_type="application/json")
 
     async def _stream(self, request: web.Request) -> web.StreamResponse:
         """The first event decides the status (a full queue is still a 429); then events."""
-        admitted, timeout = await self._body(request)
+        admitted, timeout = await self._admit(request)
         prepared, manifest = admitted.prepared, admitted.model.manifest
         events = self.frontend.stream(admitted, timeout=timeout)
         try:
