@@ -88,6 +88,8 @@ class ScriptedRuntime:
     one row per live beam of that text (the first source id names the text). Its state row is
     (text, step); its attention row at step i and beam j is (i, j, 0, ...), so a path can be read."""
 
+    shortlist = None  # the whole vocabulary (service.decoding.shortlist)
+
     def __init__(self, scripts: dict[int, list[np.ndarray]]) -> None:
         self.scripts = scripts
 
@@ -108,7 +110,7 @@ class ScriptedRuntime:
     def context(self, *arrays):
         return arrays
 
-    def step(self, prev, state, context, k) -> StepOutput:
+    def step(self, prev, state, context, k, candidates=None) -> StepOutput:
         log_probs = np.full((len(prev), VOCAB), NEG_INF, dtype=np.float32)
         attention = np.zeros((len(prev), context[2].shape[1]), np.float32)
         for text in np.unique(state[:, 0]):
