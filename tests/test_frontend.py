@@ -48,7 +48,8 @@ def test_the_front_door_serves_a_request_without_any_transport(reversal_reposito
         door = Frontend(config=config, models=models, metrics=metrics)
         models.start()
         try:
-            admitted = door.admit_request(texts=["1 2 3", "4 5"], options=DecodingOptions(), model="reversal")
+            admitted = door.admit_request(texts=["1 2 3", "4 5"], options=DecodingOptions(),
+                                          model="reversal")
             translations = await door.translate(admitted, timeout=60)
             events = [e async for e in door.stream(admitted, timeout=60)]
             assert isinstance(events[-1], Final)
@@ -62,15 +63,18 @@ def test_the_front_door_serves_a_request_without_any_transport(reversal_reposito
                 [t.hypotheses[0].text for t in events[-1].translations], empty.value, unknown.value)
     texts, streamed, empty, unknown = asyncio.run(main())
     assert texts == streamed == expected
-    assert (empty.kind, empty.message) == (ErrorKind.INVALID_ARGUMENT, "texts must be at least one text, got 0")
+    assert empty.kind is ErrorKind.INVALID_ARGUMENT
+    assert empty.message == "texts must be at least one text, got 0"
     assert unknown.kind is ErrorKind.NOT_FOUND and status(unknown.kind).http == 404
 
 
 def test_a_bug_becomes_internal_and_a_late_deadline_is_counted(reversal_repository: Path) -> None:
     metrics = Metrics()
-    door = Frontend(config=config_for(reversal_repository), models=None, metrics=metrics)  # type: ignore[arg-type]
+    door = Frontend(config=config_for(reversal_repository), models=ServedModels(
+        config_for(reversal_repository), [], metrics), metrics=metrics)
     error = door.failure(ZeroDivisionError("division by zero"), method="Translate")
-    assert (error.kind, error.message) == (ErrorKind.INTERNAL, "internal error: ZeroDivisionError: division by zero")
+    assert error.kind is ErrorKind.INTERNAL
+    assert error.message == "internal error: ZeroDivisionError: division by zero"
     late = NmtError(ErrorKind.DEADLINE_EXCEEDED, "deadline exceeded while queued or decoding")
     assert door.failure(late, method="Translate") is late
     assert metrics.registry.get_sample_value("nmt_deadline_exceeded_total") == 1

@@ -1,6 +1,6 @@
 """The front door: the one transport-neutral path every request takes, and the error table.
 
-Layering (``../shared/DESIGN.md``)::
+Layering::
 
     server.App ──► grpc_server, http_server (and any later transport: LibreTranslate's routes)
                         │  each parses its own wire format into plain values, and calls

@@ -77,7 +77,8 @@ class GrpcServer:
 
     async def set_serving(self, serving: bool) -> None:
         """Health of the server ("") and of the Translator service."""
-        answer = health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING
+        health = health_pb2.HealthCheckResponse
+        answer = health.SERVING if serving else health.NOT_SERVING
         for service in ("", SERVICE_NAME):
             await self.health.set(service, answer)
 

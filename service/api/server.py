@@ -1,9 +1,9 @@
 """``nmt serve``'s server: the served models, the front door, metrics, and the transports around them.
 
-Layering (``../shared/DESIGN.md``)::
+Layering::
 
-    main ──► server.App ──► grpc_server.GrpcServer ─┐
-                        └─► http_server.HttpServer ─┴─► frontend.Frontend ──► service.app.ServedModels
+    main ──► server.App ─┬─► grpc_server.GrpcServer ─┬─► frontend.Frontend ──► app.ServedModels
+                         └─► http_server.HttpServer ─┘
 
 ``App`` is the one place that knows every transport: it makes them over one ``Frontend``,
 starts them, says when the server is ready (gRPC health, HTTP ``/readyz``: SERVING only
@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Sequence
+from typing import Any, Coroutine, Sequence
 
 from service.api.auth import TlsFiles, TokenCheck, TokenFile, authorizer, tls_context
 from service.api.frontend import Frontend
@@ -58,15 +58,12 @@ class App:
     def metrics_port(self) -> int:
         return self.metrics_server.port if self.metrics_server else 0
 
-    @property
-    def serving(self) -> bool:
-        return self.frontend.ready
-
     def rescan(self) -> None:
         """Look at the model repository again, in the background (SIGHUP)."""
         self._background(self.models.rescan())
 
-    def _background(self, work: object) -> None:
+    def _background(self, work: Coroutine[Any, Any, None]) -> None:
+        """Run ``work`` until it ends or ``stop`` cancels it."""
         task = asyncio.get_running_loop().create_task(work)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
