@@ -60,6 +60,18 @@ class LogLevel(enum.StrEnum):
     ERROR = "error"
 
 
+class Int8Form(enum.StrEnum):  # how the int8 products multiply (service.decoding.int8_form)
+    AUTO = "auto"  # u8s8 where the CPU has AVX-512 VNNI, AVX-VNNI or AMX, else u8u8
+    U8S8 = "u8s8"  # weights converted to int8 in memory: exact and fast with VNNI or AMX
+    U8U8 = "u8u8"  # the graphs as shipped: exact on every CPU
+
+
+class Shortlist(enum.StrEnum):  # the lexical shortlist (service.decoding.shortlist)
+    OFF = "off"  # the whole vocabulary at every step
+    AUTO = "auto"  # on where the manifest shows it within 0.3 BLEU of the whole vocabulary
+    ON = "on"  # whenever the repository has one
+
+
 class Switch(enum.StrEnum):  # an on/off flag (``--reflection off``); the config holds a bool
     ON = "on"
     OFF = "off"
@@ -116,6 +128,8 @@ class ServeConfig:
     model_versions: ModelVersions = ModelVersions.LATEST  # latest: one version per name; all: every one
     security: SecurityConfig = SecurityConfig()  # TLS, mTLS, tokens, reflection
     http_port: int = 0  # HTTP/JSON API and web page (service.api.http_server); 0 = off
+    int8_form: Int8Form = Int8Form.AUTO  # the int8 products' form (auto: from the CPU's flags)
+    shortlist: Shortlist = Shortlist.OFF  # project each step onto the texts' candidate pieces
 
 
 class ConfigError(ValueError):
@@ -186,6 +200,11 @@ FLAGS: list[tuple[str, Callable[[str], object], object, str]] = [
     ("--provider", _choice(Provider), Provider.CPU, "ONNX Runtime execution provider"),
     ("--threads", _int_at_least(0), 0, "ONNX Runtime intra-op threads per model's engine (0 = the "
      "cores for one model, divided among several)"),
+    ("--int8-form", _choice(Int8Form), Int8Form.AUTO,
+     "int8 products: auto (u8s8 where the CPU has VNNI or AMX, checked against u8u8 at load), u8s8, u8u8"),
+    ("--shortlist", _choice(Shortlist), Shortlist.OFF,
+     "lexical shortlist of target pieces: off, auto (where the manifest shows <= 0.3 BLEU lost), on; "
+     "faster steps for a few texts, slower at saturation (docs/speed.md)"),
     ("--decoder-spinning", _choice(Switch), Switch.ON,
      "decoder-step pool threads spin between operators (faster steps; off frees CPU between steps)"),
     ("--max-rows", _int_at_least(1), _DEFAULTS.max_rows, "decoder rows per step"),
@@ -266,6 +285,7 @@ def parse(argv: list[str], env: Mapping[str, str] | None = None) -> ServeConfig:
         metrics_port=args.metrics_port,
         precision=args.precision, provider=args.provider, threads=args.threads,
         decoder_spinning=args.decoder_spinning is Switch.ON,
+        int8_form=args.int8_form, shortlist=args.shortlist,
         scheduler=SchedulerConfig(max_rows=args.max_rows, max_tokens=args.max_tokens,
                                   max_wait=args.max_wait_ms / 1000,
                                   max_queued_work=args.max_queued_work,

@@ -33,7 +33,7 @@ ENGINE_SECONDS = (0.0001, 0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05,
 ROWS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
 RATIO = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
 TOKENS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
-MODEL_LABELS = ("name", "version", "sha256", "provider", "precision")
+MODEL_LABELS = ("name", "version", "sha256", "provider", "precision", "int8_form")
 
 
 class Metrics:

@@ -145,3 +145,30 @@ def test_forced_u8s8_translates_as_u8u8_or_falls_back(reversal_repository: Path)
         assert not HERE_FAST, "a CPU with VNNI or AMX refused u8s8"
     assert [t.hypotheses[0].text for t in forced.translate(texts)] == \
         [t.hypotheses[0].text for t in shipped.translate(texts)]
+
+
+def test_the_flags_parse_into_the_config() -> None:
+    from service.config import Int8Form as Form, Shortlist, parse
+
+    default = parse(["--model-repository", "x"], env={})
+    assert default.int8_form is Form.AUTO and default.shortlist is Shortlist.OFF
+    asked = parse(["--model-repository", "x", "--int8-form", "U8U8"], env={"NMT_SHORTLIST": "auto"})
+    assert asked.int8_form is Form.U8U8 and asked.shortlist is Shortlist.AUTO
+
+
+def test_the_served_form_is_reported_everywhere(reversal_repository: Path, tmp_path: Path) -> None:
+    """ListModels, /v1/models and nmt_model_info name the int8 form and the shortlist."""
+    import shutil
+    import urllib.request
+
+    from harness import ServerThread, config_for
+    from service.proto.nmt.v1 import translation_pb2 as pb
+
+    repo = tmp_path / "reversal" / "1"
+    shutil.copytree(reversal_repository, repo)
+    with ServerThread(config_for(repo, "--precision", "int8", "--int8-form", "u8u8")) as s:
+        [info] = s.api.ListModels(pb.ListModelsRequest(), timeout=10).models
+        assert (info.int8_form, info.shortlist) == ("u8u8", False)
+        assert s.http("GET", "/v1/models").json()["models"][0]["int8_form"] == "u8u8"
+        text = urllib.request.urlopen(f"http://127.0.0.1:{s.metrics_port}/metrics", timeout=10).read().decode()
+        assert 'int8_form="u8u8"' in text

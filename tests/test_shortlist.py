@@ -142,12 +142,24 @@ def test_a_text_decodes_the_same_alone_and_in_a_batch(shortlisted: Path) -> None
 
 
 def test_auto_follows_the_recorded_bleu(shortlisted: Path, tmp_path: Path) -> None:
-    assert not Engine(shortlisted, precision="int8").shortlist  # no BLEU recorded: off
+    assert not Engine(shortlisted, precision="int8").shortlist  # off unless asked
+    assert not Engine(shortlisted, precision="int8", shortlist=ShortlistChoice.AUTO).shortlist  # no BLEU
     repo = tmp_path / "reversal" / "1"
     shutil.copytree(shortlisted, repo)
     manifest = json.loads((repo / "manifest.json").read_text())
     manifest["shortlist"]["bleu"] = _bleu(0.1)["bleu"]
     (repo / "manifest.json").write_text(json.dumps(manifest))
-    engine = Engine(repo, precision="int8")
+    engine = Engine(repo, precision="int8", shortlist=ShortlistChoice.AUTO)
     assert engine.shortlist and "within" in engine.shortlist_reason
-    assert not Engine(repo, precision="fp32").shortlist
+    assert not Engine(repo, precision="fp32", shortlist=ShortlistChoice.AUTO).shortlist
+
+
+def test_listmodels_says_whether_the_shortlist_serves(shortlisted: Path) -> None:
+    from harness import ServerThread, config_for
+    from service.proto.nmt.v1 import translation_pb2 as pb
+
+    for flag, on in (("on", True), ("off", False)):
+        with ServerThread(config_for(shortlisted, "--precision", "int8", "--shortlist", flag)) as s:
+            [info] = s.api.ListModels(pb.ListModelsRequest(), timeout=10).models
+            assert info.shortlist is on
+            assert s.api.Translate(pb.TranslateRequest(texts=["1 2 3"]), timeout=30).translations

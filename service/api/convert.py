@@ -48,19 +48,21 @@ def partial(event: Partial, prepared: Sequence[Prepared], manifest: Manifest) ->
 def model_list(models: Sequence[Model], *, provider: str) -> pb.ListModelsResponse:
     """``ListModels``' answer: the served versions, the first one the default."""
     return pb.ListModelsResponse(models=[
-        model_info(m.manifest, precision=m.engine.precision, provider=provider, is_default=i == 0)
+        model_info(m.manifest, precision=m.engine.precision, provider=provider, is_default=i == 0,
+                   int8_form=getattr(m.engine, "int8_form", ""), shortlist=getattr(m.engine, "shortlist", False))
         for i, m in enumerate(models)])
 
 
-def model_info(manifest: Manifest, *, precision: str, provider: str, is_default: bool
-               ) -> pb.ModelInfo:
+def model_info(manifest: Manifest, *, precision: str, provider: str, is_default: bool,
+               int8_form: str = "", shortlist: bool = False) -> pb.ModelInfo:
     languages = manifest.raw.get("languages") or {}
     if isinstance(languages, dict):
         languages = [languages.get("source", ""), languages.get("target", "")]
     return pb.ModelInfo(name=manifest.name, version=manifest.version, sha256=manifest.sha256,
                         precision=precision, provider=provider, languages=[str(x) for x in languages],
                         quality=flatten_numbers(manifest.raw.get("quality") or {}),
-                        is_default=is_default, attention=manifest.attention)
+                        is_default=is_default, attention=manifest.attention, int8_form=int8_form,
+                        shortlist=shortlist)
 
 
 def flatten_numbers(tree: Any, prefix: str = "") -> dict[str, float]:

@@ -37,7 +37,7 @@ class Engine:
                  provider: str = "cpu", intra_op_threads: int | None = None,
                  limits: Limits = Limits(), decoder_spinning: bool = True,
                  int8_form: FormChoice = FormChoice.AUTO,
-                 shortlist: ShortlistChoice = ShortlistChoice.AUTO) -> None:
+                 shortlist: ShortlistChoice = ShortlistChoice.OFF) -> None:
         if precision not in PRECISIONS:
             raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
         if provider not in PROVIDERS:

@@ -29,6 +29,8 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
+from service import config
+
 log = logging.getLogger("nmt.int8")
 
 CPUINFO = Path("/proc/cpuinfo")
@@ -47,12 +49,8 @@ class Int8Form(str, enum.Enum):
     U8U8 = "u8u8"  # exact everywhere; the graphs as shipped
 
 
-class FormChoice(str, enum.Enum):
-    """``--int8-form``: ``auto`` decides from the CPU's flags."""
-
-    AUTO = "auto"
-    U8S8 = "u8s8"
-    U8U8 = "u8u8"
+FormChoice = config.Int8Form
+"""``--int8-form``: ``auto`` decides from the CPU's flags."""
 
 
 def cpu_flags(cpuinfo: Path = CPUINFO) -> frozenset[str]:

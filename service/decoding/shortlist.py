@@ -21,7 +21,6 @@ across batches).
 
 from __future__ import annotations
 
-import enum
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -30,6 +29,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from service import config
 from service.text import placeholders
 
 WEIGHT, SCALE, BIAS = "output_product/weight", "output_product/weight_scale", "output_bias"
@@ -152,12 +152,8 @@ def load_shortlist(path: Path, *, always: Sequence[int]) -> Shortlist:
                      always=np.union1d(frequent.astype(np.int64), np.asarray(always, dtype=np.int64)))
 
 
-class ShortlistChoice(str, enum.Enum):
-    """``--shortlist``: ``auto`` is on where the manifest shows it costs at most ``MAX_BLEU_LOSS``."""
-
-    AUTO = "auto"
-    ON = "on"
-    OFF = "off"
+ShortlistChoice = config.Shortlist
+"""``--shortlist``: ``auto`` is on where the manifest shows it costs at most ``MAX_BLEU_LOSS``."""
 
 
 MAX_BLEU_LOSS = 0.3
