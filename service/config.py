@@ -16,65 +16,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Mapping
 
+# the enum-like settings, imported here where they were first defined (service.choices)
+from service.choices import Precision, Provider, Batching, ModelControl, ModelVersions, LogLevel, Int8Form, Shortlist, Switch  # noqa: F401
 from service.options import Limits
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_MODEL_REPOSITORY = REPO_ROOT / "models" / "en-fr" / "3"
 MAX_PORT = 65535
-
-
-# The enum-like settings. StrEnum: a member is its flag value (``Precision.INT8 == "int8"``,
-# ``f"{Precision.INT8}"`` prints ``int8``), so flags, variables, log lines and metric labels
-# read as they did when these were strings.
-
-class Precision(enum.StrEnum):  # which graphs an engine runs
-    AUTO = "auto"  # each model's measured choice (``Manifest.default_precision``)
-    FP32 = "fp32"
-    INT8 = "int8"
-
-
-class Provider(enum.StrEnum):  # the ONNX Runtime execution provider
-    CPU = "cpu"
-    CUDA = "cuda"
-
-
-class Batching(enum.StrEnum):  # when queued texts join the running batch
-    STEP = "step"  # between decoder steps (continuous batching)
-    REQUEST = "request"  # only once the running batch is empty (the benchmark baseline)
-
-
-class ModelControl(enum.StrEnum):  # when the repository is looked at again (SIGHUP: either mode)
-    NONE = "none"  # at start only
-    POLL = "poll"  # every --poll-seconds
-
-
-class ModelVersions(enum.StrEnum):  # which versions of a model name serve
-    LATEST = "latest"  # the newest; a newer one replaces it
-    ALL = "all"  # every version found (a request pins one with name/version)
-
-
-class LogLevel(enum.StrEnum):
-    DEBUG = "debug"  # one line per request
-    INFO = "info"
-    WARNING = "warning"
-    ERROR = "error"
-
-
-class Int8Form(enum.StrEnum):  # how the int8 products multiply (service.decoding.int8_form)
-    AUTO = "auto"  # u8s8 where the CPU has AVX-512 VNNI, AVX-VNNI or AMX, else u8u8
-    U8S8 = "u8s8"  # weights converted to int8 in memory: exact and fast with VNNI or AMX
-    U8U8 = "u8u8"  # the graphs as shipped: exact on every CPU
-
-
-class Shortlist(enum.StrEnum):  # the lexical shortlist (service.decoding.shortlist)
-    OFF = "off"  # the whole vocabulary at every step
-    AUTO = "auto"  # on where the manifest shows it within 0.3 BLEU of the whole vocabulary
-    ON = "on"  # whenever the repository has one
-
-
-class Switch(enum.StrEnum):  # an on/off flag (``--reflection off``); the config holds a bool
-    ON = "on"
-    OFF = "off"
 
 
 @dataclass(frozen=True)

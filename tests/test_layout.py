@@ -10,7 +10,7 @@ import pytest
 
 SERVICE = Path(__file__).resolve().parents[1] / "service"
 LAYERS = [
-    {"service.errors", "service.proto"},
+    {"service.errors", "service.proto", "service.choices"},
     {"service.options", "service.metrics"},
     {"service.interface", "service.config"},
     {"service.text", "service.models", "service.process"},
