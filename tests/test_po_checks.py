@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import datetime
 import os
+import shutil
 import subprocess
 import sys
 from concurrent import futures
@@ -19,7 +20,7 @@ import polib
 import pytest
 
 from harness import ROOT, ServerThread, config_for, free_port
-from po_helpers import FIXTURE, by_key, ours, translate_po
+from po_helpers import FIXTURE, by_key, ours, stand_in, translate_po
 from service.clients import po_catalog as catalogs
 from service.proto.nmt.v1 import translation_pb2 as pb
 from service.proto.nmt.v1 import translation_pb2_grpc as pb_grpc
@@ -114,6 +115,98 @@ def test_a_server_error_names_the_entry_and_writes_nothing(tiny_repository: Path
     assert "the server answered INVALID_ARGUMENT: texts[2] length must be at most 100 characters" in err
     assert err.count("\n") == 1
     assert out.read_text() == "the previous catalog\n"
+
+
+# ---- arguments, the output as a link, another target language -------------------------------
+
+@pytest.mark.parametrize("timeout", ["-1", "0", "nan", "inf", "-inf", "soon"])
+def test_a_timeout_that_is_no_positive_number_is_an_argument_error(tmp_path: Path, timeout: str,
+                                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exited:  # argparse's exit, before any connection
+        translate_po(capsys, FIXTURE, "-o", tmp_path / "out.po", "--server", f"127.0.0.1:{free_port()}",
+                     f"--timeout={timeout}")
+    assert exited.value.code == 2
+    assert "argument --timeout: must be a" in capsys.readouterr().err
+    assert not (tmp_path / "out.po").exists()
+
+
+def test_an_output_that_is_a_link_stays_one(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Written at the link's target (a chain of relative links), atomically: the link is kept."""
+    (tmp_path / "catalogs").mkdir()
+    target = tmp_path / "catalogs" / "fr.po"
+    target.write_text("the previous catalog\n")
+    target.chmod(0o640)
+    (tmp_path / "middle.po").symlink_to("catalogs/fr.po")
+    link = tmp_path / "link.po"
+    link.symlink_to("middle.po")
+    with stand_in() as server:
+        code, stdout, err = translate_po(capsys, FIXTURE, "-o", link, "--server", server)
+        assert code == 0, err
+        assert stdout.startswith(f"{link}: ")
+        assert link.is_symlink() and (tmp_path / "middle.po").is_symlink()
+        assert by_key(polib.pofile(str(target)))[(None, "Open the file", False)].msgstr == "[Open the file]"
+        assert target.stat().st_mode & 0o777 == 0o640
+        assert sorted(p.name for p in (tmp_path / "catalogs").iterdir()) == ["fr.po"]  # no temporary file
+        dangling = tmp_path / "new.po"  # a link to a file not there yet: the file is created
+        dangling.symlink_to("catalogs/new.po")
+        assert translate_po(capsys, FIXTURE, "-o", dangling, "--server", server)[0] == 0
+        assert dangling.is_symlink() and (tmp_path / "catalogs" / "new.po").is_file()
+        nowhere = tmp_path / "nowhere.po"  # a link into a directory that does not exist
+        nowhere.symlink_to("missing/fr.po")
+        code, _, err = translate_po(capsys, FIXTURE, "-o", nowhere, "--server", server)
+        assert code == 1 and err == (f"nmt translate-po: {nowhere} (a link to {tmp_path / 'missing/fr.po'}): "
+                                     f"cannot write: no directory {tmp_path / 'missing'}\n")
+        loop = tmp_path / "loop.po"
+        loop.symlink_to("loop.po")
+        code, _, err = translate_po(capsys, FIXTURE, "-o", loop, "--server", server)
+        assert code == 1 and "too many levels of symbolic links" in err
+
+
+POLISH = ('msgid ""\nmsgstr ""\n"Content-Type: text/plain; charset=UTF-8\\n"\n"Language: pl\\n"\n'
+          '"Plural-Forms: nplurals=3; plural=(n==1 ? 0 : n%10>=2 && n%10<=4 && (n%100<10 || n%100>=20) '
+          '? 1 : 2);\\n"\n\n'
+          'msgid "One file"\nmsgid_plural "%d files"\nmsgstr[0] "Jeden plik"\nmsgstr[1] "%d pliki"\n'
+          'msgstr[2] "%d plik\u00f3w"\n\n'
+          '#, fuzzy\nmsgid "Open the file"\nmsgstr "Otw\u00f3rz plik"\n\n'
+          '#~ msgid "Old"\n#~ msgstr "Stary"\n')
+
+
+def test_retargeting_writes_the_new_languages_plural_forms(tmp_path: Path,
+                                                           capsys: pytest.CaptureFixture[str]) -> None:
+    polish, out = tmp_path / "pl.po", tmp_path / "fr.po"
+    polish.write_text(POLISH)
+    with stand_in() as server:
+        code, _, err = translate_po(capsys, polish, "-o", out, "--server", server)
+        assert code == 2 and "Language is 'pl', the model translates into 'fr' (--overwrite" in err
+        code, _, err = translate_po(capsys, polish, "-o", out, "--server", server, "--overwrite")
+    assert code == 0, err
+    result = polib.pofile(str(out))
+    assert (result.metadata["Language"], result.metadata["Plural-Forms"]) == ("fr", "nplurals=2; plural=(n > 1);")
+    files = by_key(result)[(None, "One file", False)]
+    assert files.msgstr_plural == {0: "[One file]", 1: "[%d files]"}  # two forms, none left in Polish
+    assert by_key(result)[(None, "Old", True)].msgstr == "Stary"  # obsolete: kept
+    if shutil.which("msgfmt"):
+        done = subprocess.run(["msgfmt", "--check", "-o", "/dev/null", str(out)], capture_output=True, text=True)
+        assert done.returncode == 0, done.stderr
+
+
+def test_a_language_the_model_does_not_produce(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "ru.po"
+    with stand_in(("en", "fr")) as server:
+        code, _, err = translate_po(capsys, FIXTURE, "-o", out, "--server", server, "--language", "ru")
+    assert code == 2 and err == "nmt translate-po: --language ru: model echo/7 translates into fr, not ru\n"
+    assert not out.exists()
+    template = tmp_path / "app.pot"
+    template.write_text('msgid "One file"\nmsgid_plural "%d files"\nmsgstr[0] ""\nmsgstr[1] ""\n')
+    with stand_in(("", "")) as server:  # a manifest without languages: --language trusted, with a warning
+        code, _, err = translate_po(capsys, template, "-o", out, "--server", server)
+        assert code == 2 and "model echo names no target language: pass --language" in err
+        code, _, err = translate_po(capsys, template, "-o", out, "--server", server, "--language", "ru")
+    assert code == 0
+    assert err == "nmt translate-po: warning: model echo/7 names no target language: trusting --language ru\n"
+    result = polib.pofile(str(out))
+    assert result.metadata["Plural-Forms"] == catalogs.PLURAL_FORMS["ru"]
+    assert result[0].msgstr_plural == {0: "[One file]", 1: "[%d files]", 2: "[%d files]"}
 
 
 # ---- TLS and a bearer token --------------------------------------------------------------------

@@ -8,12 +8,15 @@ other fields are kept as they are unless ``--overwrite``. Plural entries get
 ``msgstr[0]`` from ``msgid`` and the other forms from ``msgid_plural``;
 multi-line messages are translated line by line; a translation that would break
 the entry's ``c-format``, ``python-format`` or ``python-brace-format`` flag is
-left out with a comment saying why. The output is written whole or not at all.
+left out with a comment saying why. Input that ``msgfmt --check`` refuses is refused (exit 2,
+naming the line: ``po_syntax.py``). The output is written whole or not at all (through a
+symbolic link, at its target).
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import queue
 import re
@@ -179,6 +182,24 @@ def find_model(stub: pb_grpc.TranslatorStub, args: argparse.Namespace,
     raise Failure(1, f"{args.server}: no model {args.model or '(default)'!r} (serves {served})")
 
 
+def target_language(model: pb.ModelInfo, wanted: str, stderr: TextIO) -> str:
+    """``--language``, or the model's target; Failure(2) for a language the model does not
+    translate into (its ListModels languages are [source, target, ...]): the catalog would say
+    one language and hold another. A model that names no languages gets a warning."""
+    produced = [language for language in model.languages[1:] if language]  # a manifest without: ""
+    if not wanted:
+        if not produced:
+            raise Failure(2, f"model {model.name} names no target language: pass --language")
+        return produced[-1]
+    if not produced:
+        stderr.write(f"nmt translate-po: warning: model {model.name}/{model.version} names no target "
+                     f"language: trusting --language {wanted}\n")
+    elif catalogs.primary(wanted) not in {catalogs.primary(p) for p in produced}:
+        raise Failure(2, f"--language {wanted}: model {model.name}/{model.version} translates into "
+                         f"{', '.join(produced)}, not {wanted}")
+    return wanted
+
+
 # ---- the run ----
 
 @dataclass
@@ -223,16 +244,14 @@ def plan(catalog: polib.POFile, nplurals: int, *, overwrite: bool,
 
 def run(args: argparse.Namespace, stderr: TextIO) -> Summary:
     started = time.monotonic()
-    source, output = Path(args.input), Path(args.output)
+    source = Path(args.input)
     catalog = catalogs.read_catalog(source)
-    catalogs.check_writable(output)
+    output = catalogs.resolve_output(Path(args.output))
     channel, metadata = open_channel(args)
     with channel:
         stub = pb_grpc.TranslatorStub(channel)
         model = find_model(stub, args, metadata)
-        target = args.language or (model.languages[-1] if len(model.languages) > 1 else "")
-        if not target:
-            raise Failure(2, f"model {model.name} names no target language: pass --language")
+        target = target_language(model, args.language, stderr)
         nplurals = catalogs.update_header(catalog, target, overwrite=args.overwrite, path=source)
         summary = Summary()
         entries, texts = plan(catalog, nplurals, overwrite=args.overwrite, summary=summary)
@@ -270,6 +289,17 @@ def _int_in(low: int, high: int) -> Callable[[str], int]:
     return convert
 
 
+def _positive_seconds(text: str) -> float:
+    """An argparse type: a finite number of seconds above 0 (gRPC would take -1 or nan as given)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number of seconds, got {text!r}") from None
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"must be a finite number of seconds above 0, got {text}")
+    return value
+
+
 def parse(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="nmt translate-po", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -285,7 +315,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--progress", action="store_true", help="show the progress bar (default: on a TTY)")
     p.add_argument("--batch-size", type=_int_in(1, MAX_TEXTS), default=32, help="texts per request")
     p.add_argument("--jobs", type=_int_in(1, 64), default=4, help="requests in flight")
-    p.add_argument("--timeout", type=float, default=120.0, help="seconds per request")
+    p.add_argument("--timeout", type=_positive_seconds, default=120.0, help="seconds per request")
     return p.parse_args(argv)
 
 

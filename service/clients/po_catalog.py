@@ -19,6 +19,8 @@ from pathlib import Path
 
 import polib
 
+from service.clients import po_syntax
+from service.clients.po_syntax import Failure  # noqa: F401 - the error of every step, re-exported
 from service.text import placeholders
 
 TOO_MANY_PLACEHOLDERS = f"more than {placeholders.MAX_PLACEHOLDERS} placeholders"
@@ -26,6 +28,7 @@ TOO_MANY_COMMENT = f"left as it is: {TOO_MANY_PLACEHOLDERS}, which the model can
 MAX_TEXT_CHARS = 2000  # the server's default --max-text-chars: longer lines are not sent
 MARK = "nmt translate-po:"  # starts every translator comment this tool writes (replaced on reruns)
 COMMENT_WIDTH = 76  # polib wraps a comment line past 78 columns, "# " included
+MAX_LINKS = 40  # symbolic links followed to the output's file, as Linux's ELOOP limit
 FORMAT_FLAGS = ("c-format", "python-format", "python-brace-format")
 # Plural-Forms of the GNU gettext manual ("Plural forms"), for targets whose header lacks one.
 PLURAL_FORMS = {
@@ -38,14 +41,6 @@ PLURAL_FORMS = {
           "n%100>=20) ? 1 : 2);",
     "pl": "nplurals=3; plural=(n==1 ? 0 : n%10>=2 && n%10<=4 && (n%100<10 || n%100>=20) ? 1 : 2);",
 }
-
-
-class Failure(Exception):
-    """Stops the run: ``message`` is the one line printed, ``code`` the exit status."""
-
-    def __init__(self, code: int, message: str) -> None:
-        super().__init__(message)
-        self.code, self.message = code, message
 
 
 # ---- format flags: which placeholders a translation must keep, and in what order ----
@@ -114,12 +109,16 @@ def read_catalog(path: Path) -> polib.POFile:
         raise Failure(2, f"{path}: a compiled .mo catalog, not a .po or .pot")
     encoding = polib.detect_encoding(str(path))  # the header's charset; UTF-8 without one
     _check_encoding(raw, encoding, path)
+    po_syntax.check_lines(raw.decode(encoding), path)  # what polib would misread, msgfmt refuses
     try:
         catalog = polib.pofile(str(path), encoding=encoding)
     except (OSError, ValueError) as e:
         raise Failure(2, f"{path}: not a gettext catalog: {e}") from None
     if not catalog.metadata and not len(catalog):
         raise Failure(2, f"{path}: not a gettext catalog: no header and no entries")
+    forms = catalog.metadata.get("Plural-Forms", "")
+    if re.search(r"nplurals\s*=\s*\d", forms):  # a template's nplurals=INTEGER is filled in later
+        po_syntax.check_plural_forms(forms, path)
     return catalog
 
 
@@ -141,26 +140,29 @@ def _check_encoding(raw: bytes, encoding: str, path: Path) -> None:
         raise Failure(2, f"{path}: UTF-8, not {encoding} as its header says")
 
 
-def _primary(language: str) -> str:
+def primary(language: str) -> str:
+    """The language of a tag or locale name: ``pt_BR`` and ``pt-BR`` are ``pt``."""
     return re.split(r"[_@.-]", language, maxsplit=1)[0].lower()
 
 
 def update_header(catalog: polib.POFile, target: str, *, overwrite: bool, path: Path) -> int:
-    """Give the header Language, Plural-Forms when it has none, X-Generator; the nplurals in effect."""
+    """Give the header Language, the target's Plural-Forms (when it has none, or when it is
+    retargeted: another language's forms do not apply), X-Generator; the nplurals in effect.
+    A retargeted catalog's translations are dropped: they are in the old language."""
     meta = catalog.metadata
     language = meta.get("Language", "").strip()
-    if language and _primary(language) != _primary(target):
-        if not overwrite:
-            raise Failure(2, f"{path}: the catalog's Language is {language!r}, the model translates "
-                             f"into {target!r} (--overwrite to retarget it)")
-        language = ""
-    if not language:
+    retarget = bool(language) and primary(language) != primary(target)
+    if retarget and not overwrite:
+        raise Failure(2, f"{path}: the catalog's Language is {language!r}, the model translates "
+                         f"into {target!r} (--overwrite to retarget it)")
+    if retarget or not language:
         meta["Language"] = language = target
     forms = meta.get("Plural-Forms", "")
-    if not re.search(r"nplurals\s*=\s*\d+", forms):  # absent, or a template's nplurals=INTEGER
-        forms = PLURAL_FORMS.get(language) or PLURAL_FORMS.get(_primary(language), "")
-        if not forms and any(e.msgid_plural for e in catalog):
+    if retarget or not re.search(r"nplurals\s*=\s*\d+", forms):  # a template's nplurals=INTEGER: none
+        forms = PLURAL_FORMS.get(language) or PLURAL_FORMS.get(primary(language), "")
+        if not forms and any(e.msgid_plural and not e.obsolete for e in catalog):
             raise Failure(2, f"{path}: no Plural-Forms known for {language!r}: add one to the header")
+        meta.pop("Plural-Forms", None)
         if forms:
             meta["Plural-Forms"] = forms
     if "CHARSET" in meta.get("Content-Type", "charset=CHARSET"):  # a template's placeholder
@@ -168,8 +170,34 @@ def update_header(catalog: polib.POFile, target: str, *, overwrite: bool, path: 
     if meta.get("Content-Transfer-Encoding", "ENCODING") == "ENCODING":
         meta["Content-Transfer-Encoding"] = "8bit"
     meta["X-Generator"] = f"nmt-serve {_version()} (nmt translate-po)"
-    found = re.search(r"nplurals\s*=\s*(\d+)", forms)
-    return int(found.group(1)) if found else 2
+    nplurals = po_syntax.check_plural_forms(forms, path) if forms else 2
+    if retarget:
+        _drop_translations(catalog)
+    _fit_plural_forms(catalog, nplurals, overwrite=overwrite, path=path)
+    return nplurals
+
+
+def _drop_translations(catalog: polib.POFile) -> None:
+    for entry in (e for e in catalog if not e.obsolete):
+        entry.msgstr, entry.msgstr_plural = "", {}
+        entry.flags = [f for f in entry.flags if f != "fuzzy"]
+        entry.previous_msgid = entry.previous_msgid_plural = entry.previous_msgctxt = None
+
+
+def _fit_plural_forms(catalog: polib.POFile, nplurals: int, *, overwrite: bool, path: Path) -> None:
+    """Give plural entries the header's number of forms, as msgfmt --check wants of translated
+    ones; Failure(2) for a translation that has another number and is kept (not fuzzy, no
+    --overwrite): which of its forms go where is for a person to say."""
+    for entry in catalog:
+        if entry.obsolete or not entry.msgid_plural or len(entry.msgstr_plural) == nplurals:
+            continue
+        translated = any(entry.msgstr_plural.values())
+        if translated and not overwrite and "fuzzy" not in entry.flags:
+            raise Failure(2, f"{path}:{entry.linenum}: msgid {entry.msgid[:60]!r} has "
+                             f"{len(entry.msgstr_plural)} plural forms, the header's Plural-Forms says "
+                             f"nplurals={nplurals} (--overwrite to retranslate it)")
+        if not translated or overwrite:
+            entry.msgstr_plural = {i: "" for i in range(nplurals)}
 
 
 def _version() -> str:
@@ -269,18 +297,29 @@ def _encodable(text: str, encoding: str) -> bool:
     return True
 
 
-def check_writable(output: Path) -> None:
-    """Fail before any translating if ``output`` cannot be written."""
-    if output.is_dir():
-        raise Failure(1, f"{output}: cannot write: is a directory")
-    if not output.parent.is_dir():
-        raise Failure(1, f"{output}: cannot write: no directory {output.parent}")
-    if not os.access(output.parent, os.W_OK):
-        raise Failure(1, f"{output}: cannot write: the directory is not writable")
+def resolve_output(output: Path) -> Path:
+    """Where ``output`` is written: a symbolic link's target (followed to the end), so that the
+    link stays a link; Failure(1) before any translating if it cannot be written."""
+    target = output
+    for _ in range(MAX_LINKS):
+        if not target.is_symlink():
+            break
+        target = target.parent / os.readlink(target)  # a relative link is relative to its directory
+    else:
+        raise Failure(1, f"{output}: cannot write: too many levels of symbolic links")
+    shown = output if target == output else f"{output} (a link to {target})"
+    if target.is_dir():
+        raise Failure(1, f"{shown}: cannot write: is a directory")
+    if not target.parent.is_dir():
+        raise Failure(1, f"{shown}: cannot write: no directory {target.parent}")
+    if not os.access(target.parent, os.W_OK):
+        raise Failure(1, f"{shown}: cannot write: the directory is not writable")
+    return target
 
 
 def write_atomically(catalog: polib.POFile, output: Path) -> None:
-    """Write a temporary file beside ``output`` and rename it over: never a half-written catalog."""
+    """Write a temporary file beside ``output`` (a resolved path: no link) and rename it over:
+    never a half-written catalog."""
     tmp = output.with_name(f".{output.name}.{os.getpid()}.tmp")
     try:
         catalog.save(str(tmp))
