@@ -20,6 +20,7 @@ import statistics
 import subprocess
 import threading
 import time
+import types
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -251,32 +252,80 @@ class Prometheus:
             self.proc.kill()
 
 
+# Under CPU load a scrape can come late or time out, and a query right after the load then finds
+# no series: the tests wait for the data they need, up to this long, instead of a fixed time.
+SERIES_TIMEOUT = 30.0  # well inside RATE_WINDOW after the load, so rates still cover it
+
+
+def wait_for_scrape_after(p: Prometheus, moment: float, *, timeout: float = SERIES_TIMEOUT) -> None:
+    """Until Prometheus holds a scrape of the server taken at or after ``moment`` (Unix time)."""
+    def scraped() -> bool:
+        return max(p.values("timestamp(nmt_queue_depth)"), default=-math.inf) >= moment
+    wait_until(scraped, timeout=timeout, what="a scrape after the load", process=p, interval=0.2)
+
+
+def wait_for_data(p: Prometheus, exprs: list[str], *, timeout: float = SERIES_TIMEOUT) -> dict[str, list[float]]:
+    """Each query's values once every one has a finite value, polled together up to ``timeout``;
+    the queries still empty then map to what they last returned (so a test can name them)."""
+    found: dict[str, list[float]] = {}
+    deadline = time.monotonic() + timeout
+    while True:
+        for expr in exprs:
+            if not any(math.isfinite(v) for v in found.get(expr, [])):
+                found[expr] = p.values(expr)
+        if all(any(math.isfinite(v) for v in found[e]) for e in exprs) or time.monotonic() >= deadline:
+            return found
+        time.sleep(0.2)
+
+
 @pytest.fixture(scope="module")
 def prometheus(server: Server, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Prometheus]:
     """Prometheus after it scraped the server through a short mixed load."""
     p = Prometheus(tmp_path_factory.mktemp("prometheus"), f"127.0.0.1:{server.metrics_port}")
     try:
         drive_load(server, LOAD_SECONDS)
-        scraped = p.values("max(timestamp(nmt_queue_depth))")[0]
-        wait_until(lambda: p.values("max(timestamp(nmt_queue_depth))")[0] >= scraped + 2,
-                   timeout=30, what="scrapes after the load", process=p, interval=0.2)
+        wait_for_scrape_after(p, time.time())
         yield p
     finally:
         p.stop()
 
 
+class LateSeries:
+    """Stands in for a Prometheus whose first answers after a loaded scrape hold no series."""
+
+    def __init__(self, empty_answers: int, value: float) -> None:
+        self.empty_answers, self.value, self.asked = empty_answers, value, 0
+        self.proc, self.log = types.SimpleNamespace(poll=lambda: None), None  # what wait_until reads
+
+    def values(self, expr: str) -> list[float]:
+        self.asked += 1
+        return [] if self.asked <= self.empty_answers else [self.value]
+
+
+def test_the_waits_outlast_series_that_come_late() -> None:
+    moment = time.time()
+    late = LateSeries(empty_answers=3, value=moment + 5)
+    wait_for_scrape_after(late, moment, timeout=10)  # no IndexError on an empty answer
+    assert late.asked == 4
+    late = LateSeries(empty_answers=3, value=1.0)
+    assert wait_for_data(late, ["a", "b"], timeout=10) == {"a": [1.0], "b": [1.0]}
+    never = LateSeries(empty_answers=10**9, value=1.0)  # bounded, and says what stayed empty
+    assert wait_for_data(never, ["a"], timeout=0.5) == {"a": []}
+    with pytest.raises(AssertionError, match="timed out after 0.5 s waiting for a scrape after the load"):
+        wait_for_scrape_after(never, moment, timeout=0.5)
+
+
 @needs_prometheus
 def test_prometheus_quantile_over_the_latency_histogram(prometheus: Prometheus) -> None:
-    p99 = prometheus.values("histogram_quantile(0.99, sum by (le) "
-                            f"(rate(nmt_request_duration_seconds_bucket[{RATE_WINDOW}])))")
+    expr = f"histogram_quantile(0.99, sum by (le) (rate(nmt_request_duration_seconds_bucket[{RATE_WINDOW}])))"
+    p99 = wait_for_data(prometheus, [expr])[expr]
     assert len(p99) == 1 and 0 < p99[0] < math.inf
 
 
 @needs_prometheus
 def test_every_dashboard_query_returns_data(prometheus: Prometheus) -> None:
-    empty = []
-    for title, expr in dashboard_queries():
-        values = prometheus.values(expr)
-        if not any(math.isfinite(v) for v in values):
-            empty.append((title, expr, values))
+    queries = dashboard_queries()
+    found = wait_for_data(prometheus, [expr for _, expr in queries])
+    empty = [(title, expr, found[expr]) for title, expr in queries
+             if not any(math.isfinite(v) for v in found[expr])]
     assert not empty
