@@ -31,7 +31,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "loadtest"))
 
-from bench_service import drive  # noqa: E402
+from service_load import drive  # noqa: E402
 from export.data.pairs import read_split  # noqa: E402
 from harness import ServerProcess  # noqa: E402
 from service.proto.nmt.v1 import translation_pb2 as pb  # noqa: E402
