@@ -21,7 +21,6 @@ import subprocess
 import threading
 import time
 import types
-import urllib.error
 from pathlib import Path
 from typing import Iterator
 
