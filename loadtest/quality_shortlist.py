@@ -16,27 +16,16 @@ from __future__ import annotations
 import argparse
 import json
 import platform
-import time
 from pathlib import Path
 
 import sacrebleu
 
+from quality_engine import translate_all  # this folder's script: the same decoding loop
 from service.decoding.engine import Engine
 from service.decoding.int8_form import cpu_flags
 from service.decoding.shortlist import ShortlistChoice
 from service.models.manifest import MANIFEST, write_manifest
 from service.options import DecodingOptions
-
-BATCH = 32
-
-
-def translate_all(engine: Engine, sources: list[str], options: DecodingOptions) -> tuple[list[str], float]:
-    start = time.perf_counter()
-    out: list[str] = []
-    for b in range(0, len(sources), BATCH):
-        out += [t.hypotheses[0].text for t in engine.translate(sources[b:b + BATCH], options)]
-    return out, time.perf_counter() - start
-
 
 def measure(repository: Path, corpus: Path, splits: list[str], beam: int, threads: int) -> list[dict]:
     engines = {mode: Engine(repository, precision="int8", intra_op_threads=threads, shortlist=mode)
