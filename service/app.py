@@ -29,7 +29,7 @@ from service.errors import ErrorKind, ModelRepositoryError, NmtError, ProviderUn
 from service.interface import Engine
 from service.metrics import Metrics
 from service.models.manifest import Manifest, check_graphs, check_vocabularies, load_manifest
-from service.models.repository import VersionDir, latest, scan
+from service.models.repository import VersionDir, is_version, latest, scan
 from service.options import DecodingOptions
 from service.process import engine_threads, release_memory
 from service.scheduling.scheduler import Scheduler
@@ -104,7 +104,7 @@ def load_engines(config: ServeConfig) -> list[Engine]:
 
 
 def version_key(version: str) -> tuple[int, str]:
-    return (int(version), "") if version.isdigit() else (-1, version)
+    return (int(version), "") if is_version(version) else (-1, version)
 
 
 class ServedModels:
@@ -163,10 +163,14 @@ class ServedModels:
     # -- model control -------------------------------------------------------------------
 
     async def poll(self, seconds: float) -> None:
-        """Rescan every ``seconds`` until cancelled (``--model-control poll``)."""
+        """Rescan every ``seconds`` until cancelled (``--model-control poll``); a rescan's own
+        failure is one log line, and the next poll goes on (the watcher never stops)."""
         while True:
             await asyncio.sleep(seconds)
-            await self.rescan()
+            try:
+                await self.rescan()
+            except Exception as e:  # a bug here must not end hot reload for good
+                self._once("rescan", f"rescan failed: {type(e).__name__}: {str(e)[:300]}")
 
     async def rescan(self) -> None:
         """Take new complete versions, retire the ones whose directory is gone."""
@@ -216,8 +220,10 @@ class ServedModels:
             await asyncio.wait_for(self._warm(model), WARMUP_SECONDS)
             if not d.path.is_dir():
                 raise ModelRepositoryError(f"{d.path}: removed while it was being loaded")
-        except (*LOAD_ERRORS, asyncio.TimeoutError) as e:
-            log.warning("refused %s: %s", d.ref, str(e)[:300] or type(e).__name__)
+        except Exception as e:  # LOAD_ERRORS, a warm-up timeout, or anything a hostile version causes
+            why = str(e)[:300] if isinstance(e, (*LOAD_ERRORS, asyncio.TimeoutError)) and str(e) else (
+                f"{type(e).__name__}: {str(e)[:300]}")
+            log.warning("refused %s: %s", d.ref, why)
             self.metrics.model_load_failures.labels(d.name).inc()
             if model is not None:
                 await model.scheduler.close()

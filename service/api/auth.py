@@ -140,7 +140,11 @@ class TokenFile:
     def current(self) -> list[bytes]:
         """The tokens, re-read if the file changed (a bad rewrite keeps the old ones)."""
         now = stamp([self.path])
-        if now is not None and now != self.stamp:
+        if now is None and self.stamp is not None:  # once, until it can be read again
+            self.stamp = None
+            log.warning("token file %s cannot be read (deleted?): keeping the previous %d tokens",
+                        self.path, len(self.tokens))
+        elif now is not None and now != self.stamp:
             self.stamp = now
             try:
                 self.tokens = self._load()
@@ -166,7 +170,11 @@ def refusal_reason(metadata: Sequence[Any] | None, tokens: TokenFile) -> str | N
     scheme, _, token = value.partition(" ")
     if scheme.lower() != "bearer" or not token.strip():
         return "malformed"
-    return None if tokens.accepts(token.strip().encode()) else "invalid"
+    try:  # a header's non-ASCII bytes arrive as surrogates (aiohttp) or characters
+        presented = token.strip().encode("utf-8", "surrogateescape")
+    except UnicodeEncodeError:
+        return "malformed"
+    return None if tokens.accepts(presented) else "invalid"
 
 
 class TokenCheck:

@@ -63,12 +63,16 @@ def parse_request(body: bytes) -> pb.TranslateRequest:
         tree = json.loads(body.decode("utf-8"))
     except (UnicodeDecodeError, ValueError) as e:
         raise BodyError(f"request body must be JSON: {e}") from None
+    except RecursionError:  # arrays or objects nested about 1,000 deep
+        raise BodyError("request body is not valid JSON: nested too deep") from None
     if not isinstance(tree, dict):
         raise BodyError(f"request body must be a JSON object (a TranslateRequest), got {type(tree).__name__}")
     try:
         return json_format.ParseDict(tree, pb.TranslateRequest())
     except (json_format.ParseError, ValueError, TypeError) as e:
         raise BodyError(f"request body: {e}") from None
+    except RecursionError:
+        raise BodyError("request body is not valid JSON: nested too deep") from None
 
 
 def sse(event: str, data: bytes) -> bytes:

@@ -13,7 +13,8 @@ the HTTP status ``frontend.STATUS`` gives the error's kind.
   (or ``error``); each ``data`` a ``TranslateResponse`` (an error: the error body)
 - ``GET /v1/models``: ``ListModelsResponse``; ``GET /healthz`` (alive), ``GET /readyz``
   (200 when health says SERVING, else 503)
-- ``GET /``: the web page (``service/api/web/``)
+- ``GET /``: the web page (``service/api/web/``), ``GET /web/<file>``: its files, by name
+- errors before any route (the parser's): JSON too, ``service/api/http_errors.py``
 
 A deadline: ``X-Request-Timeout: <seconds>``. Authorization: one hook, ``authorize(headers)``,
 called before anything else: ``auth.authorizer`` makes it from the token check gRPC makes
@@ -33,10 +34,12 @@ from pathlib import Path
 from typing import Awaitable, Callable, Mapping
 
 from aiohttp import web
+from aiohttp.web_protocol import RequestPayloadError
 
 from service.api import convert
 from service.api.auth import Authorize, allow_all
 from service.api.frontend import OK, Admitted, Frontend, status
+from service.api.http_errors import JsonErrorsRunner
 from service.api.http_json import BodyError, parse_request, sse, to_json
 from service.errors import ErrorKind, NmtError, invalid
 from service.interface import Final, Partial
@@ -44,6 +47,7 @@ from service.interface import Final, Partial
 log = logging.getLogger("nmt.http")
 
 WEB = Path(__file__).with_name("web")
+WEB_FILES = frozenset(p.name for p in WEB.iterdir() if p.is_file())  # what /web/<file> serves
 TIMEOUT_HEADER = "X-Request-Timeout"
 RETRY_AFTER_SECONDS = 1
 STREAM_KEY = web.RequestKey("nmt.stream", web.StreamResponse)
@@ -68,6 +72,8 @@ def error_body(error: NmtError, *, ensure_ascii: bool = False) -> bytes:
 
 def error_response(error: NmtError, headers: Mapping[str, str] | None = None) -> web.Response:
     http_status = error.http_status if isinstance(error, HttpError) else status(error.kind).http
+    if error.kind is ErrorKind.UNAUTHENTICATED:  # RFC 6750: the scheme the client must use
+        headers = {**(headers or {}), "WWW-Authenticate": "Bearer"}
     return web.Response(status=http_status, body=error_body(error), content_type="application/json",
                         headers=headers)
 
@@ -99,19 +105,20 @@ class HttpServer:
     def routes(self) -> web.Application:
         web_app = web.Application(client_max_size=self.max_body, middlewares=[self._guard])
         web_app.add_routes([
-            web.post("/v1/translate", self._observed("Translate", self._translate)),
-            web.post("/v1/translate:stream", self._observed("TranslateStream", self._stream)),
+            web.post("/v1/translate", self._observed("Translate", self._translate),
+                     expect_handler=self._expect),
+            web.post("/v1/translate:stream", self._observed("TranslateStream", self._stream),
+                     expect_handler=self._expect),
             web.get("/v1/models", self._observed("ListModels", self._models)),
             web.get("/healthz", self._healthz), web.get("/readyz", self._readyz),
-            web.get("/", self._index)])
-        web_app.router.add_static("/web/", WEB, show_index=False)
+            web.get("/", self._index), web.get("/web/{file}", self._web_file)])
         return web_app
 
     async def start(self, host: str, port: int, *, ssl_context: ssl.SSLContext | None = None) -> None:
         """Listen on ``port`` (0: not at all); TLS with ``ssl_context``."""
         if port == 0:
             return
-        self.runner = web.AppRunner(self.routes(), handler_cancellation=True, access_log=None,
+        self.runner = JsonErrorsRunner(self.routes(), handler_cancellation=True, access_log=None,
                                     shutdown_timeout=0.1)
         await self.runner.setup()
         site = web.TCPSite(self.runner, host, port, ssl_context=ssl_context, reuse_port=False)
@@ -145,6 +152,24 @@ class HttpServer:
         finally:
             if task is not None:
                 self.inflight.discard(task)
+
+    def _too_large(self) -> HttpError:
+        return HttpError(ErrorKind.RESOURCE_EXHAUSTED, f"request body must be at most {self.max_body} bytes",
+                         http_status=413)
+
+    async def _expect(self, request: web.Request) -> web.StreamResponse | None:
+        """``Expect: 100-continue``: a body announced too large is refused before it is sent."""
+        if (request.content_length or 0) > self.max_body:
+            response = error_response(self._too_large())
+            response.force_close()  # the body is not read: the connection cannot be reused
+            return response
+        if request.headers.get("Expect", "").lower() != "100-continue":
+            return error_response(HttpError(ErrorKind.INVALID_ARGUMENT, "Expect must be 100-continue",
+                                            http_status=417))
+        if request.version >= (1, 1):
+            await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+            request.writer.output_size = 0  # the answer proper has not started
+        return None
 
     @staticmethod
     def _route_error(request: web.Request, e: web.HTTPException) -> web.Response:
@@ -203,14 +228,15 @@ class HttpServer:
         if request.content_type != "application/json":
             raise HttpError(ErrorKind.INVALID_ARGUMENT, "Content-Type must be application/json, "
                             f"got {request.content_type!r}", http_status=415)
-        too_large = HttpError(ErrorKind.RESOURCE_EXHAUSTED,
-                              f"request body must be at most {self.max_body} bytes", http_status=413)
         if (request.content_length or 0) > self.max_body:
-            raise too_large
+            raise self._too_large()
         try:
             body = await request.read()
         except web.HTTPRequestEntityTooLarge:
-            raise too_large from None
+            raise self._too_large() from None
+        except RequestPayloadError as e:  # a bad chunk, a corrupt gzip body: the client's fault
+            raise HttpError(ErrorKind.INVALID_ARGUMENT, f"request body could not be read: "
+                            f"{str(e).splitlines()[-1].strip()[:120]}", http_status=400) from None
         message = parse_request(body)
         return self.frontend.admit_request(texts=message.texts, options=convert.options(message.options),
                                            model=message.model), timeout
@@ -258,3 +284,10 @@ class HttpServer:
 
     async def _index(self, request: web.Request) -> web.StreamResponse:
         return web.FileResponse(WEB / "index.html")
+
+    async def _web_file(self, request: web.Request) -> web.StreamResponse:
+        """One file of the page, by name (``WEB_FILES``): nothing else is looked up on disk."""
+        name = request.match_info["file"]
+        if name not in WEB_FILES:
+            raise web.HTTPNotFound()
+        return web.FileResponse(WEB / name)

@@ -43,11 +43,13 @@ from typing import Any, Callable
 
 from service.errors import ModelRepositoryError
 from service.interface import SpecialIds
+from service.models import fields
 from service.models.config import ModelConfig
 
 FORMAT = "nmt-serve/model-repository/v1"
 INT8_MAX_BLEU_LOSS = 0.3  # ``--precision auto`` serves int8 when it costs at most this
 MANIFEST = "manifest.json"
+MAX_MANIFEST_BYTES = 1 << 20  # an exported manifest is a few KB; a bigger one is refused unread
 
 ENCODER_INPUTS = {"src_ids": ["batch", "src_len"], "src_lengths": ["batch"]}
 ENCODER_OUTPUTS = {"annotations": ["batch", "src_len", "ctx_size"],
@@ -95,7 +97,7 @@ class Manifest:
 
     @property
     def max_source_tokens(self) -> int:
-        return int(self.raw.get("limits", {}).get("max_source_tokens", 200))
+        return fields.check_limits(self.raw)  # checked when loaded
 
     def default_precision(self) -> tuple[str, str]:
         """The precision ``--precision auto`` serves, and why: int8 when the repository has int8
@@ -107,7 +109,7 @@ class Manifest:
             return only, f"the repository has only {only} graphs"
         engine = (self.raw.get("quality") or {}).get("engine") or {}
         fp32, int8 = engine.get("fp32") or {}, engine.get("int8") or {}
-        searches = [s for s in ("greedy", "beam5") if s in fp32 and s in int8]
+        searches = [s for s in ("greedy", "beam5") if "bleu" in fp32.get(s, {}) and "bleu" in int8.get(s, {})]
         if len(searches) < 2:
             return "fp32", "no measured int8 BLEU for greedy and beam5 in quality.engine"
         losses = {s: fp32[s]["bleu"] - int8[s]["bleu"] for s in searches}
@@ -202,6 +204,10 @@ def _parse(root: Path, mpath: Path, raw: dict[str, Any]) -> Manifest:
     files = _field(mpath, raw, "files", "an object file -> sha256 (64 hex digits)",
                    lambda v: _is_str_map(v) and all(isinstance(h, str) and len(h) == 64
                                                     for h in v.values()))
+    try:  # limits, languages, quality, shortlist: read later, so checked now
+        fields.check(raw)
+    except ValueError as e:
+        raise ModelRepositoryError(f"{mpath}: {e}") from None
     name = _field(mpath, raw, "name", "a non-empty string", lambda v: isinstance(v, str) and v)
     version = _field(mpath, raw, "version", "a non-empty string or integer",
                      lambda v: isinstance(v, (str, int)) and str(v))
@@ -226,15 +232,25 @@ def load_manifest(root: Path, *, verify: bool = True) -> Manifest:
     mpath = root / MANIFEST
     if not mpath.is_file():
         raise ModelRepositoryError(f"{mpath}: manifest missing")
+    size = mpath.stat().st_size
+    if size > MAX_MANIFEST_BYTES:
+        raise ModelRepositoryError(f"{mpath}: a manifest must be at most {MAX_MANIFEST_BYTES} bytes, "
+                                   f"got {size}")
     try:
-        raw = json.loads(mpath.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        with mpath.open("rb") as f:  # bounded: it may grow after the stat
+            raw = json.loads(f.read(MAX_MANIFEST_BYTES + 1))
+    except ValueError as e:  # JSONDecodeError, UnicodeDecodeError, an integer of 4,300+ digits
         raise ModelRepositoryError(f"{mpath}: not valid JSON ({e})") from None
+    except RecursionError:
+        raise ModelRepositoryError(f"{mpath}: not valid JSON (nested too deep)") from None
     if not isinstance(raw, dict) or raw.get("format") != FORMAT:
         found = raw.get("format") if isinstance(raw, dict) else type(raw).__name__
         raise ModelRepositoryError(f"{mpath}: format must be {FORMAT!r}, got {found!r}")
     manifest = _parse(root, mpath, raw)
     referenced = {manifest.source_tokenizer, manifest.target_tokenizer}
+    shortlist = fields.check_shortlist(raw)
+    if shortlist is not None:
+        referenced.add(shortlist)
     for g in manifest.graphs.values():
         referenced |= {g.encoder, g.decoder_step}
     for file in sorted(referenced | set(manifest.files)):

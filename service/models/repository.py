@@ -36,6 +36,11 @@ class VersionDir:
             return ("changing",)
 
 
+def is_version(name: str) -> bool:
+    """A version number: ASCII digits only (``"²".isdigit()`` is true, but ``int("²")`` fails)."""
+    return name.isascii() and name.isdigit()
+
+
 def scan(root: Path) -> tuple[list[VersionDir], list[str]]:
     """The version directories under ``root``, and one line for each directory that is not one."""
     if (root / MANIFEST).is_file():
@@ -45,9 +50,9 @@ def scan(root: Path) -> tuple[list[VersionDir], list[str]]:
     found, problems = [], []
     for name_dir in sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")):
         for version_dir in sorted(p for p in name_dir.iterdir() if p.is_dir() and not p.name.startswith(".")):
-            if not version_dir.name.isdigit():
-                problems.append(f"{version_dir}: a version directory's name must be a number, "
-                                f"got {version_dir.name[:40]!r}")
+            if not is_version(version_dir.name):
+                problems.append(f"refused {version_dir}: a version directory's name must be a number, "
+                                f"got {version_dir.name[:40]!r} (ASCII digits 0-9)")
             elif (version_dir / MANIFEST).is_file():
                 found.append(VersionDir(name_dir.name, version_dir.name, version_dir))
             else:

@@ -1,0 +1,82 @@
+"""HTTP errors raised before any route runs: the parser's (a bad request line, a header too
+long, a bad chunk, a corrupt gzip body) and the ones aiohttp answers itself.
+
+aiohttp answers these with ``text/plain`` and logs a traceback holding the bad line, which
+may be a client's ``Authorization`` header (``Bearer <token>\\x00``). Here they get the
+transport's JSON error body and the closest status (414 for a request line too long, 431 for
+a header too long or too many), one log line without the request's bytes, and never an echo
+of them.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+
+from aiohttp import web, web_protocol
+from aiohttp.http_exceptions import BadHttpMessage, HttpProcessingError, LineTooLong
+
+from service.api.frontend import status as kind_status
+from service.errors import ErrorKind
+
+log = logging.getLogger("nmt.http")
+
+REASONS = {400: "malformed HTTP request", 413: "request body too large",
+           414: "request line (URL) too long", 431: "request header fields too large",
+           500: "internal error", 504: "request handler timed out"}
+KINDS = {413: ErrorKind.RESOURCE_EXHAUSTED, 500: ErrorKind.INTERNAL, 504: ErrorKind.DEADLINE_EXCEEDED}
+"""The error kind of each status (the rest: INVALID_ARGUMENT), named by ``frontend.STATUS``."""
+
+
+def parser_status(exc: BaseException | None, status: int) -> int:
+    """The closest status for a parser error: a line too long is the URL's (414) while no
+    header was read, else a header's (431)."""
+    if isinstance(exc, LineTooLong):  # the parser names no part: a URL starts with "/" or a scheme
+        line = bytes(exc.args[0][:16]) if exc.args and isinstance(exc.args[0], (bytes, bytearray)) else b""
+        return 414 if line.startswith(b"/") or b"://" in line else 431
+    if isinstance(exc, BadHttpMessage) and "too many headers" in str(exc).lower():
+        return 431
+    if isinstance(exc, HttpProcessingError) and exc.code in REASONS:
+        return exc.code
+    return status
+
+
+def json_error(status: int, message: str) -> web.Response:
+    code = kind_status(KINDS.get(status, ErrorKind.INVALID_ARGUMENT)).name
+    body = json.dumps({"code": code, "message": message}).encode()
+    response = web.Response(status=status, body=body, content_type="application/json")
+    response.force_close()
+    return response
+
+
+class JsonErrorsHandler(web_protocol.RequestHandler):
+    """aiohttp's per-connection handler, its errors answered in JSON (see the module's doc)."""
+
+    def handle_error(self, request: web.BaseRequest, status: int = 500, exc: BaseException | None = None,
+                     message: str | None = None) -> web.StreamResponse:
+        status = parser_status(exc, status)
+        reason = REASONS.get(status, "malformed HTTP request")
+        if isinstance(exc, ConnectionError):  # the client went away (an aborted stream): not an error
+            log.debug("HTTP client %s went away: %s", request.remote, type(exc).__name__)
+        elif status >= 500:
+            log.error("HTTP %d from %s: %s", status, request.remote, type(exc).__name__ if exc else reason)
+        else:  # the client's fault: one line, none of its bytes (they may hold a token)
+            log.info("HTTP %d from %s: %s (%s)", status, request.remote, reason,
+                     type(exc).__name__ if exc else "-")
+        if request.writer.output_size > 0:
+            raise ConnectionError("the response has started; the connection is closed")
+        return json_error(status, reason)
+
+
+class JsonErrorsServer(web.Server):
+    def __call__(self) -> web_protocol.RequestHandler:
+        return JsonErrorsHandler(self, loop=self._loop, **self._kwargs)
+
+
+class JsonErrorsRunner(web.AppRunner):
+    """``web.AppRunner`` whose connections answer parser errors in JSON."""
+
+    async def _make_server(self) -> web.Server:
+        server = await super()._make_server()
+        server.__class__ = JsonErrorsServer  # the same server; only its handler factory differs
+        return server
