@@ -164,13 +164,13 @@ def decide(choice: ShortlistChoice, record: Any, *, precision: str) -> tuple[boo
     """Whether to use the repository's shortlist, and why. ``record``: the manifest's ``shortlist``
     (``export/graphs/shortlist.py``, with ``bleu`` from ``loadtest/quality_engine.py --shortlist``)."""
     if choice is ShortlistChoice.OFF:
-        return False, "off (--shortlist off)"
+        return False, "--shortlist off"
     if not isinstance(record, dict) or "file" not in record:
         return False, "the repository has no shortlist"
     if precision != "int8":
         return False, "the shortlist rewrites the int8 step only"
     if choice is ShortlistChoice.ON:
-        return True, "on (--shortlist on)"
+        return True, "--shortlist on"
     bleu = record.get("bleu") if isinstance(record.get("bleu"), dict) else {}
     losses = []
     for split in SPLITS:
