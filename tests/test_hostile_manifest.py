@@ -138,3 +138,30 @@ def test_hot_reload_survives_malformed_versions(reversal_repository: Path, tmp_p
     # once when the server started, once when the watcher first saw it: never again
     assert sum(line.startswith("refused ") and "\u00b2" in line for line in lines) == 2
     assert not any("rescan failed" in line for line in lines)
+
+
+def test_the_watcher_survives_a_failing_rescan(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                               caplog: pytest.LogCaptureFixture) -> None:
+    """A rescan's own failure (a bug, a file system error) is one line; the polls go on."""
+    import asyncio
+
+    from service import app as app_module
+    from service.metrics import Metrics
+
+    calls = []
+
+    def scan_failing(root: Path):
+        calls.append(root)
+        raise RuntimeError("disk on fire")
+
+    monkeypatch.setattr(app_module, "scan", scan_failing)
+    models = app_module.ServedModels(config_for(tmp_path), [], Metrics())
+
+    async def poll_a_while() -> None:
+        with pytest.raises(asyncio.TimeoutError):
+            await asyncio.wait_for(models.poll(0.01), 0.5)
+
+    asyncio.run(poll_a_while())
+    assert len(calls) >= 5
+    lines = [r.getMessage() for r in caplog.records if r.name == "nmt.app"]
+    assert lines == ["rescan failed: RuntimeError: disk on fire"]
