@@ -188,3 +188,14 @@ def test_client_old_flag_names_still_work_and_say_they_are_deprecated(server: Se
     for flag, name in client.DEPRECATED_FLAGS.items():
         assert client.parse([flag, *(["2"] if flag != "--alignment" else [])]) == client.parse(
             [name, *(["2"] if name != "--return-attention" else [])])
+
+
+@pytest.mark.parametrize("timeout", ["-1", "0", "nan", "inf", "soon"])
+def test_client_timeout_must_be_a_positive_number(timeout: str, capsys) -> None:
+    """A timeout gRPC would take as given (-1, nan) is an argument error, exit 2 (issue 31 row 16's
+    twin in nmt translate)."""
+    with pytest.raises(SystemExit) as stop:
+        client.parse([f"--timeout={timeout}", "text"])
+    assert stop.value.code == 2
+    assert "argument --timeout: must be a" in capsys.readouterr().err
+    assert client.parse(["--timeout", "2.5", "text"]).timeout == 2.5

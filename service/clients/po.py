@@ -16,7 +16,6 @@ symbolic link, at its target).
 from __future__ import annotations
 
 import argparse
-import math
 import queue
 import re
 import sys
@@ -33,6 +32,7 @@ import polib
 from service.clients import po_catalog as catalogs
 from service.clients.po_catalog import Failure
 from service.clients.po_channel import DEFAULT_SERVER, Metadata, add_connection_arguments, open_channel  # noqa: F401
+from service.clients.po_channel import positive_seconds
 from service.proto.nmt.v1 import translation_pb2 as pb
 from service.proto.nmt.v1 import translation_pb2_grpc as pb_grpc
 
@@ -250,17 +250,6 @@ def _int_in(low: int, high: int) -> Callable[[str], int]:
     return convert
 
 
-def _positive_seconds(text: str) -> float:
-    """An argparse type: a finite number of seconds above 0 (gRPC would take -1 or nan as given)."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a number of seconds, got {text!r}") from None
-    if not (math.isfinite(value) and value > 0):
-        raise argparse.ArgumentTypeError(f"must be a finite number of seconds above 0, got {text}")
-    return value
-
-
 def parse(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="nmt translate-po", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -276,7 +265,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--progress", action="store_true", help="show the progress bar (default: on a TTY)")
     p.add_argument("--batch-size", type=_int_in(1, MAX_TEXTS), default=32, help="texts per request")
     p.add_argument("--jobs", type=_int_in(1, 64), default=4, help="requests in flight")
-    p.add_argument("--timeout", type=_positive_seconds, default=120.0, help="seconds per request")
+    p.add_argument("--timeout", type=positive_seconds, default=120.0, help="seconds per request")
     return p.parse_args(argv)
 
 

@@ -1,8 +1,10 @@
-"""``nmt translate-po``'s connection: the TLS and token options, and the channel they open."""
+"""The clients' connection: translate-po's TLS and token options, the channel they open, and the
+request timeout both ``nmt translate`` and ``nmt translate-po`` take."""
 
 from __future__ import annotations
 
 import argparse
+import math
 import os
 from pathlib import Path
 
@@ -12,6 +14,17 @@ from service.clients.po_syntax import Failure
 
 DEFAULT_SERVER = "127.0.0.1:50051"
 Metadata = tuple[tuple[str, str], ...]
+
+
+def positive_seconds(text: str) -> float:
+    """An argparse type: a finite number of seconds above 0 (gRPC would take -1 or nan as given)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number of seconds, got {text!r}") from None
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"must be a finite number of seconds above 0, got {text}")
+    return value
 
 
 def add_connection_arguments(p: argparse.ArgumentParser) -> None:

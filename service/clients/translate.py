@@ -28,6 +28,7 @@ from typing import Iterator, Sequence, TextIO
 
 import grpc
 
+from service.clients.po_channel import positive_seconds
 from service.proto.nmt.v1 import translation_pb2 as pb
 from service.proto.nmt.v1 import translation_pb2_grpc as pb_grpc
 
@@ -49,7 +50,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
                    help="hypotheses to print per text [deprecated alias: --nbest]")
     p.add_argument("--return-attention", "--alignment", dest="return_attention", action="store_true",
                    help="print an alignment table [deprecated alias: --alignment]")
-    p.add_argument("--timeout", type=float, default=30.0, help="seconds per request")
+    p.add_argument("--timeout", type=positive_seconds, default=30.0, help="seconds per request (> 0)")
     for flag, help_ in CLIENT_FLAGS:
         name = client_env(flag)
         p.add_argument(flag, default=os.environ.get(name, ""), help=f"{help_} [{name}]")
