@@ -123,7 +123,7 @@ from service.proto.nmt.v1 import translation_pb2 as pb, translation_pb2_grpc as 
 
 async def main():
     app = build(parse(["--model-repository", sys.argv[1], "--host", "127.0.0.1", "--port", "0",
-                       "--metrics-port", "0"], env={}))
+                       "--metrics-port", "0", "--http-port", "0"], env={}))
     await app.start()
     async with grpc.aio.insecure_channel(f"127.0.0.1:{app.port}") as channel:
         reply = await pb_grpc.TranslatorStub(channel).Translate(pb.TranslateRequest(texts=["1 2 3"]))
