@@ -28,7 +28,8 @@ from service.config import ModelVersions, Precision, ServeConfig
 from service.errors import ErrorKind, ModelRepositoryError, NmtError, ProviderUnavailableError, shown
 from service.interface import Engine
 from service.metrics import Metrics
-from service.models.manifest import Manifest, check_graphs, check_vocabularies, load_manifest
+from service.models.checks import check_graphs, check_vocabularies
+from service.models.manifest import Manifest, load_manifest
 from service.models.repository import VersionDir, is_version, latest, scan
 from service.options import DecodingOptions
 from service.process import engine_threads, release_memory
