@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 
 from harness import ServerProcess  # noqa: E402
-from service.decoding.int8_form import cpu_flags  # noqa: E402
+from service.decoding.int8_form import reported_flags  # noqa: E402
 from service.proto.nmt.v1 import translation_pb2 as pb  # noqa: E402
 
 
@@ -63,8 +63,7 @@ def main(argv: list[str] | None = None) -> int:
             finally:
                 server.stop()
     result = {"median_ms": {n: statistics.median(v) for n, v in medians.items()}, "rounds": medians,
-              "cpu": f"{platform.machine()}, {os.cpu_count()} CPUs", "flags": sorted(cpu_flags() & {
-                  "avx2", "avx512f", "avx512_vnni", "avx_vnni", "amx_int8"}), "requests": len(texts)}
+              "cpu": f"{platform.machine()}, {os.cpu_count()} CPUs", "flags": reported_flags(), "requests": len(texts)}
     base = result["median_ms"]["previous"]
     lines = ["# Idle latency, one short text at a time", "",
              f"`python loadtest/bench_idle.py {' '.join(argv if argv is not None else sys.argv[1:])}`; "

@@ -39,7 +39,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))  # the server harness the tests use
 
 from harness import ServerProcess  # noqa: E402
-from service.decoding.int8_form import FAST_FLAGS, FormChoice, Int8Form, cpu_flags, decide  # noqa: E402
+from service.decoding.int8_form import FormChoice, Int8Form, cpu_flags, decide, reported_flags  # noqa: E402
 from service.proto.nmt.v1 import translation_pb2 as pb  # noqa: E402
 from service.proto.nmt.v1 import translation_pb2_grpc as pb_grpc  # noqa: E402
 
@@ -150,7 +150,7 @@ def run(args: argparse.Namespace) -> dict:
             "model_config": manifest["model_config"], "clients": args.clients, "duration": args.duration,
             "cpu": f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs",
             "previous": str(args.previous), "onnxruntime": ort.__version__, "int8_form": FORM.value,
-            "flags": sorted(cpu_flags() & {"avx2", "avx512f", *FAST_FLAGS})}
+            "flags": reported_flags()}
 
 
 def markdown(r: dict, args: argparse.Namespace) -> str:

@@ -35,7 +35,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "loadtest"))
 
 import step_graphs as sg  # noqa: E402
-from service.decoding.int8_form import FAST_FLAGS, cpu_flags  # noqa: E402
+from service.decoding.int8_form import reported_flags  # noqa: E402
 from service.decoding.shortlist import shortlist_graph  # noqa: E402
 
 WARMUP = 3
@@ -145,7 +145,7 @@ def main(argv: list[str] | None = None) -> int:
         result["profile"] = profiles(engines, served, texts, args)
     load.append(os.getloadavg()[0])
     result["meta"] = {"repository": str(args.repository), "cpu": f"{platform.machine()}, {os.cpu_count()} CPUs",
-                      "flags": sorted(cpu_flags() & {"avx2", "avx512f", *FAST_FLAGS}),
+                      "flags": reported_flags(),
                       "int8_form": engines["full"].int8_form, "threads": args.threads, "rounds": args.rounds,
                       "steps": args.steps, "onnxruntime": ort.__version__, "profile": args.profile, "load": load,
                       "command": "python loadtest/bench_step.py " + " ".join(argv if argv is not None else sys.argv[1:])}

@@ -22,7 +22,7 @@ import sacrebleu
 
 from quality_engine import translate_all  # this folder's script: the same decoding loop
 from service.decoding.engine import Engine
-from service.decoding.int8_form import cpu_flags
+from service.decoding.int8_form import reported_flags
 from service.decoding.shortlist import ShortlistChoice
 from service.models.manifest import MANIFEST, write_manifest
 from service.options import DecodingOptions
@@ -85,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = measure(args.repository, args.corpus, args.splits, args.beam, args.threads)
     shortlist = json.loads((args.repository / MANIFEST).read_text()).get("shortlist", {})
     meta = {"machine": f"{platform.machine()}, {platform.processor() or 'cpu'}",
-            "flags": sorted(cpu_flags() & {"avx2", "avx512f", "avx512_vnni", "avx_vnni", "amx_int8"}),
+            "flags": reported_flags(),
             "shortlist": {k: v for k, v in shortlist.items() if k != "bleu"}}
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "quality_shortlist.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1) + "\n")

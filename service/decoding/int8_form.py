@@ -65,6 +65,12 @@ def cpu_flags(cpuinfo: Path = CPUINFO) -> frozenset[str]:
     return frozenset()
 
 
+def reported_flags(flags: Iterable[str] | None = None) -> list[str]:
+    """The flags that decide int8 speed (AVX2, AVX-512, VNNI, AMX) this CPU has: what every
+    benchmark's report names beside its figures."""
+    return sorted(set(cpu_flags() if flags is None else flags) & {"avx2", "avx512f", *FAST_FLAGS})
+
+
 def decide(choice: FormChoice, flags: Iterable[str]) -> tuple[Int8Form, str]:
     """The form to try, and why (for the startup log)."""
     if choice is not FormChoice.AUTO:

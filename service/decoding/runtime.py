@@ -174,7 +174,7 @@ class Runtime:
         step = self._step_model if self._step_model is not None else onnx.load(path)
         try:
             gathered, self.output_layer = shortlist_graph(step)
-            masked, _ = shortlist_graph(step, gather=False)
+            masked = shortlist_graph(step, gather=False, layer=False)[0]
         except ValueError as e:
             raise ModelRepositoryError(f"{path}: no shortlist for this graph ({e})") from None
         self._step_sessions = {

@@ -54,12 +54,13 @@ class OutputLayer:
     bias: np.ndarray  # (vocab_size,) float32
 
 
-def shortlist_graph(step: onnx.ModelProto, *, gather: bool = True) -> tuple[onnx.ModelProto, OutputLayer]:
+def shortlist_graph(step: onnx.ModelProto, *, gather: bool = True, layer: bool = True
+                    ) -> tuple[onnx.ModelProto, OutputLayer | None]:
     """The shortlist form of an int8 step graph, and the output layer's constants. ``gather``:
     the output layer reads the candidates' columns (inputs ``INPUTS``); else it keeps the whole
     vocabulary and only its bias becomes the input ``row_bias`` (rows, vocab_size), for a union
     too wide to pay. ValueError when the graph has no output layer of that shape (the generic
-    int8 rewrite, fp32 graphs)."""
+    int8 rewrite, fp32 graphs). ``layer=False``: the constants are not copied out (None)."""
     model = onnx.ModelProto()
     model.CopyFrom(step)
     graph = model.graph
@@ -68,8 +69,7 @@ def shortlist_graph(step: onnx.ModelProto, *, gather: bool = True) -> tuple[onnx
         raise ValueError("the step graph has no int8 output layer (output_product, output_bias)")
     if not any(n.op_type == "LogSoftmax" and "log_probs" in n.output for n in graph.node):
         raise ValueError("the step graph has no LogSoftmax writing log_probs")
-    weight, scale, bias = (numpy_helper.to_array(inits[n]) for n in (WEIGHT, SCALE, BIAS))
-    layer = OutputLayer(weight=np.ascontiguousarray(weight), scale=scale.reshape(-1), bias=bias.reshape(-1))
+    layer = _output_layer(inits) if layer else None
     renames = ({WEIGHT: "shortlist_weight", SCALE: "shortlist_scale", BIAS: "row_bias"} if gather
                else {BIAS: "row_bias"})
     for node in graph.node:
@@ -100,6 +100,11 @@ def shortlist_graph(step: onnx.ModelProto, *, gather: bool = True) -> tuple[onnx
                        for n, (t, s) in INPUTS.items())
     _loosen_vocab_axis(graph)
     return model, layer
+
+
+def _output_layer(inits: dict[str, onnx.TensorProto]) -> OutputLayer:
+    weight, scale, bias = (numpy_helper.to_array(inits[n]) for n in (WEIGHT, SCALE, BIAS))
+    return OutputLayer(weight=np.ascontiguousarray(weight), scale=scale.reshape(-1), bias=bias.reshape(-1))
 
 
 def _live(nodes: list[onnx.NodeProto], outputs: list[str]) -> list[onnx.NodeProto]:
