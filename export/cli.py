@@ -42,8 +42,12 @@ def corpus_main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="nmt corpus", description=corpus.__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--output", "-o", type=Path, required=True, help="corpus directory to write")
+    p.add_argument("--language", default="fr", choices=sorted(corpus.LANGUAGES),
+                   help="target language: the catalogs read are */<language>/LC_MESSAGES/*.po|mo (default: fr)")
+    p.add_argument("--reverse", type=Path, default=None, metavar="CORPUS",
+                   help="instead: write CORPUS turned around (fr-en from en-fr), same sentences per split")
     p.add_argument("--catalogs", type=Path, nargs="*", default=None,
-                   help="directories searched for */fr/LC_MESSAGES/*.po|mo "
+                   help="directories searched for */<language>/LC_MESSAGES/*.po|mo "
                         "(default: /usr/share/locale and the installed Python packages)")
     p.add_argument("--no-catalogs", action="store_true", help="use only --tsv/--parallel data")
     p.add_argument("--exclude", nargs="*", default=list(corpus.DEFAULT_EXCLUDE),
@@ -53,12 +57,16 @@ def corpus_main(argv: list[str]) -> int:
                    metavar=("SOURCE", "TARGET"), help="two line-aligned text files")
     p.add_argument("--max-chars", type=int, default=corpus.CorpusConfig.max_chars)
     args = p.parse_args(argv)
+    if args.reverse is not None:
+        from export.data.reverse import reverse
+        reverse(args.reverse, args.output)
+        return 0
     roots = [] if args.no_catalogs else (args.catalogs or corpus.default_roots())
     parallel = [(t, None) for t in args.tsv] + [(s, t) for s, t in args.parallel]
     if not roots and not parallel:
         raise CorpusError("no input: give --catalogs, --tsv or --parallel")
     corpus.build(roots, args.output, config=corpus.CorpusConfig(max_chars=args.max_chars),
-                 parallel=parallel, exclude=tuple(args.exclude))
+                 parallel=parallel, exclude=tuple(args.exclude), language=args.language)
     return 0
 
 

@@ -262,3 +262,20 @@ def slow_server(reversal_repository: Path, reversal_engine):
     s.wait_started()
     yield s
     s.stop()
+
+
+@pytest.fixture(scope="session")
+def languages_repository(reversal_repository: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One repository of four directions, each the reversal model under another name and manifest
+    ``languages``: ``en-fr/1`` (en->fr), ``en-de/1``, ``en-es/1`` and ``fr-en/1``. Copy before modifying."""
+    import json
+    import shutil
+
+    root = tmp_path_factory.mktemp("languages_repository")
+    for name in ("en-fr", "en-de", "en-es", "fr-en"):
+        version = shutil.copytree(reversal_repository, root / name / "1")
+        manifest = json.loads((version / "manifest.json").read_text())
+        source, target = name.split("-")
+        manifest.update(name=name, languages={"source": source, "target": target})
+        (version / "manifest.json").write_text(json.dumps(manifest, indent=1))
+    return root

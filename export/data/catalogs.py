@@ -1,6 +1,6 @@
-"""Finding and reading French gettext catalogs (``.po`` / ``.mo``) for the corpus builder.
+"""Finding and reading gettext catalogs (``.po`` / ``.mo``) of one target language for the corpus builder.
 
-``find_catalogs`` walks the given directories for French catalogs, never
+``find_catalogs`` walks the given directories for one language's catalogs (French by default), never
 returning one of a held-out domain (``export/data/heldout-exclude.txt``);
 ``describe`` names the package that ships one and its licence (for the corpus
 manifest): a Python distribution, a Debian package unpacked by
@@ -27,7 +27,10 @@ class CorpusError(Exception):
     """A one-line problem with the corpus inputs, naming the path."""
 
 SYSTEM_LOCALE_DIR = Path("/usr/share/locale")
-LANGUAGE_DIRS = ("fr", "fr_FR")  # a catalog counts when its directory is one of these
+LANGUAGES = {"fr": ("fr", "fr_FR"), "de": ("de", "de_DE"), "es": ("es", "es_ES")}
+"""Target languages the corpus builder reads (ISO 639-1 code -> the locale directories that count)."""
+LANGUAGE_NAMES = {"en": "English", "fr": "French", "de": "German", "es": "Spanish"}
+LANGUAGE_DIRS = tuple(d for dirs in LANGUAGES.values() for d in dirs)  # every language the corpus may read
 HELDOUT_FILE = Path(__file__).with_name("heldout-exclude.txt")
 """Gettext domains (and the packages that ship them) reserved for evaluation:
 a copy of the shared list, committed so that a clone builds the same corpus."""
@@ -81,13 +84,21 @@ def default_roots() -> list[Path]:
     return roots + [Path(sysconfig.get_paths()["purelib"])]
 
 
+def language_dirs(language: str) -> tuple[str, ...]:
+    """The locale directories of ``language`` (``fr`` -> ``fr``, ``fr_FR``); refuses one not in LANGUAGES."""
+    if language not in LANGUAGES:
+        raise CorpusError(f"language {language!r}: not one the corpus reads (one of {', '.join(LANGUAGES)})")
+    return LANGUAGES[language]
+
+
 def find_catalogs(roots: list[Path], exclude: tuple[str, ...] = DEFAULT_EXCLUDE,
-                  heldout_skipped: list[Path] | None = None) -> list[Path]:
-    """French catalogs under ``roots``; a ``.po`` wins over its compiled ``.mo``.
+                  heldout_skipped: list[Path] | None = None, language: str = "fr") -> list[Path]:
+    """``language``'s catalogs under ``roots``; a ``.po`` wins over its compiled ``.mo``.
 
     ``exclude`` holds glob patterns of gettext domains (file stems) to skip;
     held-out domains (``HELDOUT``) are always skipped (and appended to ``heldout_skipped``).
     """
+    dirs = language_dirs(language)
     found: dict[Path, Path] = {}
     for root in roots:
         if not root.exists():
@@ -95,7 +106,7 @@ def find_catalogs(roots: list[Path], exclude: tuple[str, ...] = DEFAULT_EXCLUDE,
         if not root.is_dir():
             raise CorpusError(f"{root}: not a directory")
         for path in sorted(root.rglob("LC_MESSAGES/*.[pm]o")):
-            if path.parent.parent.name not in LANGUAGE_DIRS or not path.is_file():
+            if path.parent.parent.name not in dirs or not path.is_file():
                 continue
             if HELDOUT.has_domain(path.stem):
                 if heldout_skipped is not None:
@@ -107,7 +118,7 @@ def find_catalogs(roots: list[Path], exclude: tuple[str, ...] = DEFAULT_EXCLUDE,
             if stem not in found or path.suffix == ".po":
                 found[stem] = path
     if not found:
-        raise CorpusError(f"{', '.join(map(str, roots))}: no French .po/.mo catalogs found")
+        raise CorpusError(f"{', '.join(map(str, roots))}: no {LANGUAGE_NAMES[language]} .po/.mo catalogs found")
     return sorted(found.values())
 
 
@@ -275,8 +286,8 @@ def _nplurals(catalog: polib._BaseFile) -> int:
 def entry_texts(entry: polib.POEntry, nplurals: int) -> list[tuple[str, str]]:
     """(source, target) texts of one catalog entry; the context is not text.
 
-    Plural entries give the singular with French form 0 and the plural with
-    the last form (French has two: n ≤ 1 and n > 1).
+    Plural entries give the singular with form 0 and the plural with the last
+    form (French, German and Spanish have two: n ≤ 1 or n = 1, and the rest).
     """
     if entry.obsolete or "fuzzy" in entry.flags:
         return []

@@ -1,6 +1,6 @@
-"""English→French parallel corpus from gettext catalogs (and plain parallel data).
+"""English→French (or →German, →Spanish) parallel corpus from gettext catalogs (and plain parallel data).
 
-Reads every French catalog (``.po`` or ``.mo``) under the given directories,
+Reads every catalog of the target language (``.po`` or ``.mo``; French by default) under the given directories,
 turns each translated entry into aligned sentence pairs, protects their
 placeholders, filters, deduplicates, and splits train/valid/test by a hash of
 the normalized source, so a sentence stays in its split when the corpus grows.
@@ -27,6 +27,7 @@ from pathlib import Path
 
 from export.data.catalogs import (
     DEFAULT_EXCLUDE,
+    LANGUAGES,  # noqa: F401  (the CLI reads corpus.LANGUAGES)
     HELDOUT,
     HELDOUT_FILE,
     CorpusError,
@@ -151,7 +152,8 @@ def _write_pairs(path: Path, pairs: list[Pair]) -> None:
 
 
 def write_corpus(pairs: list[Pair], out: Path, sources: list[dict], config: CorpusConfig,
-                 dropped: dict[str, int], long_only: list[Pair] = (), heldout: dict | None = None) -> dict:
+                 dropped: dict[str, int], long_only: list[Pair] = (), heldout: dict | None = None,
+                 language: str = "fr") -> dict:
     """Write the split files, the long set and the manifest; returns the manifest."""
     if not pairs:
         raise CorpusError(f"{out}: the corpus is empty (no usable pairs in the inputs)")
@@ -161,7 +163,7 @@ def write_corpus(pairs: list[Pair], out: Path, sources: list[dict], config: Corp
         _write_pairs(out / f"{name}.jsonl", items)
     _write_pairs(out / "long.jsonl", long)
     manifest = {
-        "languages": {"source": "en", "target": "fr"},
+        "languages": {"source": "en", "target": language},
         "config": asdict(config),
         "splits": {k: len(v) for k, v in splits.items()},
         "long": long_info,
@@ -176,8 +178,8 @@ def write_corpus(pairs: list[Pair], out: Path, sources: list[dict], config: Corp
 
 def build(roots: list[Path], out: Path, *, config: CorpusConfig = CorpusConfig(),
           parallel: list[tuple[Path, Path | None]] = (), exclude: tuple[str, ...] = DEFAULT_EXCLUDE,
-          log=print) -> dict:
-    """The whole corpus: catalogs under ``roots`` plus plain parallel files.
+          log=print, language: str = "fr") -> dict:
+    """The whole corpus, English to ``language``: catalogs under ``roots`` plus plain parallel files.
 
     Catalogs of a held-out domain or shipped by a held-out package
     (``export/data/heldout-exclude.txt``) are skipped whatever ``exclude`` says.
@@ -189,7 +191,7 @@ def build(roots: list[Path], out: Path, *, config: CorpusConfig = CorpusConfig()
     skipped: list[Path] = []
     if roots:
         owners = _package_files(roots)
-        for path in find_catalogs(roots, exclude=exclude, heldout_skipped=skipped):
+        for path in find_catalogs(roots, exclude=exclude, heldout_skipped=skipped, language=language):
             origin = describe(path, owners)
             if HELDOUT.has_package(origin.name):
                 skipped.append(path)
@@ -221,7 +223,7 @@ def build(roots: list[Path], out: Path, *, config: CorpusConfig = CorpusConfig()
     heldout = {"list": f"export/data/{HELDOUT_FILE.name}",
                "sha256": hashlib.sha256(HELDOUT_FILE.read_bytes()).hexdigest(),
                "catalogs_skipped": len(skipped)}
-    manifest = write_corpus(pairs, out, sources, config, dict(dropped), long_only, heldout)
+    manifest = write_corpus(pairs, out, sources, config, dict(dropped), long_only, heldout, language)
     log(f"corpus: {len(sources)} sources, {len(pairs)} pairs, "
         f"{sum(manifest['splits'].values())} after dedup {manifest['splits']}, "
         f"long set {manifest['long']['pairs']} {manifest['long']['buckets']}, "

@@ -1,12 +1,12 @@
-"""French catalogs of pinned Debian packages, for the corpus (``make model``).
+"""French, German and Spanish catalogs of pinned Debian packages, for the corpus (``make model``).
 
     python -m export.data.debian_catalogs --output build/debian-packages coreutils=9.1-1 tar=1.34+dfsg-1.2+deb12u1 ...
 
 Downloads each ``package=version`` with ``apt-get download`` (no root needed;
 the ``.deb`` files are kept in ``--debs``, ``<output>-debs`` by default, and
 not fetched again) and unpacks from it, like ``dpkg -x`` but only what the
-corpus reads, into ``<output>/<package>/``: its French catalogs
-(``*/fr/LC_MESSAGES/*.mo|po``, ``fr_FR`` too) and its
+corpus reads, into ``<output>/<package>/``: its catalogs of the languages
+in ``catalogs.LANGUAGES`` (``*/fr/LC_MESSAGES/*.mo|po``, ``fr_FR`` too, and the same for de, es) and its
 ``usr/share/doc/*/copyright``. Each package's directory gets a
 ``debian-package.json`` (package, version, source package, sha256 of the
 ``.deb``, licence from the copyright file) that the corpus builder reads for
@@ -30,6 +30,7 @@ from export.data.catalogs import (
     DEBIAN_MARKER,
     HELDOUT,
     LANGUAGE_DIRS,
+    LANGUAGES,
     CorpusError,
     debian_license,
 )
@@ -103,7 +104,7 @@ def download(pins: list[tuple[str, str]], debs: Path, log=print) -> dict[str, Pa
 
 
 def unpack(deb: Path, target: Path) -> str | None:
-    """The French catalogs and copyright files of ``deb`` into ``target``;
+    """The catalogs (every language of ``catalogs.LANGUAGES``) and copyright files of ``deb`` into ``target``;
     returns the package whose doc directory ``usr/share/doc/<package>`` links to, if it is a link."""
     doc_link = None
     with (subprocess.Popen(["dpkg-deb", "--fsys-tarfile", str(deb)], stdout=subprocess.PIPE) as proc,
@@ -160,7 +161,7 @@ def fetch(specs: list[str], output: Path, debs: Path | None = None, log=print) -
         (output / r["package"] / DEBIAN_MARKER).write_text(json.dumps(r, indent=1) + "\n", encoding="utf-8")
     catalogs = sum(1 for r in records for _ in (output / r["package"]).rglob("LC_MESSAGES/*.[mp]o"))
     unknown = [r["package"] for r in records if r["license"] == "unknown"]
-    log(f"debian: {len(records)} packages, {catalogs} French catalogs -> {output}"
+    log(f"debian: {len(records)} packages, {catalogs} catalogs ({', '.join(LANGUAGES)}) -> {output}"
         + (f" (licence unknown: {', '.join(unknown)})" if unknown else ""))
     return records
 

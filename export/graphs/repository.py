@@ -53,7 +53,8 @@ def build_manifest(ckpt: Checkpoint, *, checkpoint: Path, output: Path, root: Pa
         graphs["int8"]["scheme"] = INT8_SCHEME  # how it was quantized: repositories may differ
     return {
         "format": FORMAT, "name": name, "version": version,
-        "languages": {"source": "en", "target": "fr"},
+        # recorded by training from the corpus manifest; en-fr/3's checkpoint predates that: en-fr
+        "languages": dict(ckpt.extra.get("languages") or {"source": "en", "target": "fr"}),
         "model_config": ckpt.config.to_dict(),
         "special_ids": {"pad": PAD_ID, "unk": UNK_ID, "bos": BOS_ID, "eos": EOS_ID},
         "tokenizers": dict(TOKENIZERS),

@@ -7,6 +7,7 @@ config, weights and both SentencePiece models.
 
 from __future__ import annotations
 
+import json
 import math
 import random
 import time
@@ -188,9 +189,11 @@ class _Run:
     log: Callable[[str], None]
     start: float = 0.0  # time.monotonic() of the run's start, less the time of the run resumed
     last_valid: float = 0.0  # time.monotonic() of the last validation
+    languages: dict | None = None  # the corpus manifest's {"source", "target"}: the export's manifest names them
 
     def save(self, path: Path) -> None:
         save_checkpoint(path, self.model, self.sp_files, extra={
+            **({"languages": self.languages} if self.languages else {}),
             "train_config": asdict(self.config), "train_state": dict(self.state),
             "optimizer": self.opt.state_dict(), "scheduler": self.sched.state_dict(),
             "torch_rng_state": torch.get_rng_state()})
@@ -247,6 +250,16 @@ def _batch_order(data: list[Example], config: TrainConfig, state: dict) -> tuple
     return rng, max(0, skip)  # (a resume with another --batch-tokens: its epoch starts over)
 
 
+def corpus_languages(corpus_dir: Path) -> dict | None:
+    """The corpus manifest's ``languages`` ({"source": "en", "target": "de"}), if it has one."""
+    path = corpus_dir / "manifest.json"
+    try:
+        languages = json.loads(path.read_text(encoding="utf-8")).get("languages")
+    except (OSError, ValueError):
+        return None
+    return dict(languages) if isinstance(languages, dict) else None
+
+
 def train(corpus_dir: Path, tokenizer_dir: Path, out_dir: Path, *, model_config: dict | None = None,
           config: TrainConfig = TrainConfig(), resume: Path | None = None, log=print) -> Path:
     """Train until the time budget, the step budget or the epoch limit; returns the best checkpoint's path."""
@@ -265,7 +278,8 @@ def train(corpus_dir: Path, tokenizer_dir: Path, out_dir: Path, *, model_config:
     log(f"model: {model.num_parameters() / 1e6:.2f}M parameters {asdict(model.config)}; "
         f"data: {len(train_data)} train, {len(valid_data)} valid examples")
     run = _Run(model=model, opt=opt, sched=sched, state=state, config=config, tok=tok, sp_files=sp_files,
-               out_dir=out_dir, valid_data=valid_data, valid_pairs=valid_pairs, log=log)
+               out_dir=out_dir, valid_data=valid_data, valid_pairs=valid_pairs, log=log,
+               languages=corpus_languages(corpus_dir))
     rng, skip = _batch_order(train_data, config, state)
     run.start, run.last_valid = time.monotonic() - state["elapsed"], time.monotonic()
     model.train()

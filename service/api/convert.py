@@ -58,7 +58,8 @@ def model_info(manifest: Manifest, *, precision: str, provider: str, is_default:
     languages = manifest.raw.get("languages") or {}
     if isinstance(languages, dict):
         languages = [languages.get("source", ""), languages.get("target", "")]
-    return pb.ModelInfo(name=manifest.name, version=manifest.version, sha256=manifest.sha256,
+    source, target = manifest.languages
+    return pb.ModelInfo(source_language=source, target_language=target,name=manifest.name, version=manifest.version, sha256=manifest.sha256,
                         precision=precision, provider=provider, languages=[str(x) for x in languages],
                         quality=flatten_numbers(manifest.raw.get("quality") or {}),
                         is_default=is_default, attention=manifest.attention, int8_form=int8_form,

@@ -25,6 +25,7 @@ from typing import AsyncIterator, Sequence
 
 import grpc
 
+from service import languages
 from service.app import Model, ServedModels
 from service.config import ServeConfig
 from service.errors import ErrorKind, NmtError, invalid
@@ -89,15 +90,15 @@ class Frontend:
         self.config, self.models, self.metrics = config, models, metrics
         self.ready = False  # every model warmed up and not draining: gRPC health, HTTP /readyz
 
-    def admit_request(self, *, texts: Sequence[str], options: DecodingOptions, model: str = ""
-                      ) -> Admitted:
+    def admit_request(self, *, texts: Sequence[str], options: DecodingOptions, model: str = "",
+                      source_language: str = "", target_language: str = "") -> Admitted:
         """Validate the whole request (once, here, for every transport), resolve ``model``
-        (empty: the default), refuse it at once if the scheduler is full, then tokenize its
-        texts. Raises NmtError naming the field, the limit and the value."""
+        (empty: by the languages, else the default), refuse it at once if the scheduler is full,
+        then tokenize its texts. Raises NmtError naming the field, the limit and the value."""
         options = validate_request(texts, options, self.config.limits)
         for i, text in enumerate(texts):
             placeholders.check_count(text, f"texts[{i}]")
-        served = self.models.get(model)
+        served = self.resolve(model, source_language, target_language)
         if options.return_attention and not has_attention(served.manifest.attention):
             raise invalid("options.return_attention", f"false for model {served.ref!r} (its attention "
                           f"is {served.manifest.attention!r}: no alignments)", True)
@@ -105,6 +106,25 @@ class Frontend:
         served.scheduler.refuse_if_full(len(texts) * options.beam_size)
         prepared = tuple(served.engine.prepare_text(text, options, i) for i, text in enumerate(texts))
         return Admitted(model=served, prepared=prepared)
+
+    def resolve(self, model: str, source_language: str = "", target_language: str = "") -> Model:
+        """The model a request names; with no name, the served model of its languages (the
+        default model first), with neither, the default. A name and languages that disagree,
+        or languages no served model translates, are refused naming the served pairs."""
+        if not (source_language or target_language):
+            return self.models.get(model)
+        candidates = [self.models.get(model)] if model else self.served()
+        found = languages.route(candidates, [m.manifest.languages for m in candidates],
+                                source_language, target_language)
+        if found is not None:
+            return found
+        pairs = languages.served_pairs([m.manifest.languages for m in candidates])
+        field = "target_language" if source_language and any(
+            m.manifest.languages[0] == languages.normalize(source_language) for m in candidates) else (
+            "source_language" if source_language else "target_language")
+        asked = f"{source_language or '*'}-{target_language or '*'}"
+        raise invalid(field, f"a pair served{f' by model {model!r}' if model else ''} "
+                      f"(one of {', '.join(pairs) or 'none'})", asked)
 
     async def translate(self, admitted: Admitted, *, timeout: float | None) -> list[Translation]:
         """The translations, in request order (``timeout``: the client's deadline in seconds)."""

@@ -102,7 +102,8 @@ class TranslatorServicer(pb_grpc.TranslatorServicer):
 
     def _admit(self, request: pb.TranslateRequest) -> Admitted:
         return self.frontend.admit_request(texts=request.texts, options=convert.options(request.options),
-                                           model=request.model)
+                                           model=request.model, source_language=request.source_language,
+                                           target_language=request.target_language)
 
     async def Translate(self, request: pb.TranslateRequest, context: grpc.aio.ServicerContext
                         ) -> pb.TranslateResponse:

@@ -239,7 +239,8 @@ class HttpServer:
                             f"{str(e).splitlines()[-1].strip()[:120]}", http_status=400) from None
         message = parse_request(body)
         return self.frontend.admit_request(texts=message.texts, options=convert.options(message.options),
-                                           model=message.model), timeout
+                                           model=message.model, source_language=message.source_language,
+                                           target_language=message.target_language), timeout
 
     async def _translate(self, request: web.Request) -> web.StreamResponse:
         admitted, timeout = await self._admit(request)

@@ -43,6 +43,7 @@ from typing import Any, Callable
 
 from service.errors import ModelRepositoryError
 from service.interface import SpecialIds
+from service.languages import pair
 from service.models import fields
 from service.models.config import ModelConfig
 
@@ -94,6 +95,11 @@ class Manifest:
     def attention(self) -> str:
         """The attention kind (``service.models.attention.KINDS``), checked when loaded."""
         return self.model_config.attention
+
+    @property
+    def languages(self) -> tuple[str, str]:
+        """(source, target) language codes ("" where the manifest names none)."""
+        return pair(self.raw)
 
     @property
     def max_source_tokens(self) -> int:

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n&service/proto/nmt/v1/translation.proto\x12\x06nmt.v1\"Z\n\x10TranslateRequest\x12\r\n\x05texts\x18\x01 \x03(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12(\n\x07options\x18\x03 \x01(\x0b\x32\x17.nmt.v1.DecodingOptions\"\xe7\x02\n\x0f\x44\x65\x63odingOptions\x12\x16\n\tbeam_size\x18\x01 \x01(\x05H\x00\x88\x01\x01\x12\x1b\n\x0enum_hypotheses\x18\x02 \x01(\x05H\x01\x88\x01\x01\x12\x1b\n\x0elength_penalty\x18\x03 \x01(\x02H\x02\x88\x01\x01\x12 \n\x13max_decoding_length\x18\x04 \x01(\x05H\x03\x88\x01\x01\x12\x1d\n\x10max_length_ratio\x18\x05 \x01(\x02H\x04\x88\x01\x01\x12\x1a\n\rreturn_scores\x18\x06 \x01(\x08H\x05\x88\x01\x01\x12\x1d\n\x10return_attention\x18\x07 \x01(\x08H\x06\x88\x01\x01\x42\x0c\n\n_beam_sizeB\x11\n\x0f_num_hypothesesB\x11\n\x0f_length_penaltyB\x16\n\x14_max_decoding_lengthB\x13\n\x11_max_length_ratioB\x10\n\x0e_return_scoresB\x13\n\x11_return_attention\"\x86\x01\n\x11TranslateResponse\x12)\n\x0ctranslations\x18\x01 \x03(\x0b\x32\x13.nmt.v1.Translation\x12 \n\x04kind\x18\x02 \x01(\x0e\x32\x12.nmt.v1.ResultKind\x12\r\n\x05model\x18\x03 \x01(\t\x12\x15\n\rmodel_version\x18\x04 \x01(\t\"L\n\x0bTranslation\x12&\n\nhypotheses\x18\x01 \x03(\x0b\x32\x12.nmt.v1.Hypothesis\x12\x15\n\rsource_tokens\x18\x02 \x03(\t\"`\n\nHypothesis\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\r\n\x05score\x18\x02 \x01(\x02\x12\x0e\n\x06tokens\x18\x03 \x03(\t\x12%\n\nalignments\x18\x04 \x03(\x0b\x32\x11.nmt.v1.Alignment\"^\n\tAlignment\x12\x14\n\x0ctarget_index\x18\x01 \x01(\x05\x12\x14\n\x0csource_index\x18\x02 \x01(\x05\x12\x14\n\x0csource_token\x18\x03 \x01(\t\x12\x0f\n\x07weights\x18\x04 \x03(\x02\"\x13\n\x11ListModelsRequest\"7\n\x12ListModelsResponse\x12!\n\x06models\x18\x01 \x03(\x0b\x32\x11.nmt.v1.ModelInfo\"\xa0\x02\n\tModelInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\t\x12\x0e\n\x06sha256\x18\x03 \x01(\t\x12\x11\n\tprecision\x18\x04 \x01(\t\x12\x10\n\x08provider\x18\x05 \x01(\t\x12\x11\n\tlanguages\x18\x06 \x03(\t\x12/\n\x07quality\x18\x07 \x03(\x0b\x32\x1e.nmt.v1.ModelInfo.QualityEntry\x12\x12\n\nis_default\x18\x08 \x01(\x08\x12\x11\n\tattention\x18\t \x01(\t\x12\x11\n\tint8_form\x18\n \x01(\t\x12\x11\n\tshortlist\x18\x0b \x01(\x08\x1a.\n\x0cQualityEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01*Y\n\nResultKind\x12\x1b\n\x17RESULT_KIND_UNSPECIFIED\x10\x00\x12\x17\n\x13RESULT_KIND_PARTIAL\x10\x01\x12\x15\n\x11RESULT_KIND_FINAL\x10\x02\x32\xdd\x01\n\nTranslator\x12@\n\tTranslate\x12\x18.nmt.v1.TranslateRequest\x1a\x19.nmt.v1.TranslateResponse\x12H\n\x0fTranslateStream\x12\x18.nmt.v1.TranslateRequest\x1a\x19.nmt.v1.TranslateResponse0\x01\x12\x43\n\nListModels\x12\x19.nmt.v1.ListModelsRequest\x1a\x1a.nmt.v1.ListModelsResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n&service/proto/nmt/v1/translation.proto\x12\x06nmt.v1\"\x8c\x01\n\x10TranslateRequest\x12\r\n\x05texts\x18\x01 \x03(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12(\n\x07options\x18\x03 \x01(\x0b\x32\x17.nmt.v1.DecodingOptions\x12\x17\n\x0fsource_language\x18\x04 \x01(\t\x12\x17\n\x0ftarget_language\x18\x05 \x01(\t\"\xe7\x02\n\x0f\x44\x65\x63odingOptions\x12\x16\n\tbeam_size\x18\x01 \x01(\x05H\x00\x88\x01\x01\x12\x1b\n\x0enum_hypotheses\x18\x02 \x01(\x05H\x01\x88\x01\x01\x12\x1b\n\x0elength_penalty\x18\x03 \x01(\x02H\x02\x88\x01\x01\x12 \n\x13max_decoding_length\x18\x04 \x01(\x05H\x03\x88\x01\x01\x12\x1d\n\x10max_length_ratio\x18\x05 \x01(\x02H\x04\x88\x01\x01\x12\x1a\n\rreturn_scores\x18\x06 \x01(\x08H\x05\x88\x01\x01\x12\x1d\n\x10return_attention\x18\x07 \x01(\x08H\x06\x88\x01\x01\x42\x0c\n\n_beam_sizeB\x11\n\x0f_num_hypothesesB\x11\n\x0f_length_penaltyB\x16\n\x14_max_decoding_lengthB\x13\n\x11_max_length_ratioB\x10\n\x0e_return_scoresB\x13\n\x11_return_attention\"\x86\x01\n\x11TranslateResponse\x12)\n\x0ctranslations\x18\x01 \x03(\x0b\x32\x13.nmt.v1.Translation\x12 \n\x04kind\x18\x02 \x01(\x0e\x32\x12.nmt.v1.ResultKind\x12\r\n\x05model\x18\x03 \x01(\t\x12\x15\n\rmodel_version\x18\x04 \x01(\t\"L\n\x0bTranslation\x12&\n\nhypotheses\x18\x01 \x03(\x0b\x32\x12.nmt.v1.Hypothesis\x12\x15\n\rsource_tokens\x18\x02 \x03(\t\"`\n\nHypothesis\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\r\n\x05score\x18\x02 \x01(\x02\x12\x0e\n\x06tokens\x18\x03 \x03(\t\x12%\n\nalignments\x18\x04 \x03(\x0b\x32\x11.nmt.v1.Alignment\"^\n\tAlignment\x12\x14\n\x0ctarget_index\x18\x01 \x01(\x05\x12\x14\n\x0csource_index\x18\x02 \x01(\x05\x12\x14\n\x0csource_token\x18\x03 \x01(\t\x12\x0f\n\x07weights\x18\x04 \x03(\x02\"\x13\n\x11ListModelsRequest\"7\n\x12ListModelsResponse\x12!\n\x06models\x18\x01 \x03(\x0b\x32\x11.nmt.v1.ModelInfo\"\xd2\x02\n\tModelInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\t\x12\x0e\n\x06sha256\x18\x03 \x01(\t\x12\x11\n\tprecision\x18\x04 \x01(\t\x12\x10\n\x08provider\x18\x05 \x01(\t\x12\x11\n\tlanguages\x18\x06 \x03(\t\x12/\n\x07quality\x18\x07 \x03(\x0b\x32\x1e.nmt.v1.ModelInfo.QualityEntry\x12\x12\n\nis_default\x18\x08 \x01(\x08\x12\x11\n\tattention\x18\t \x01(\t\x12\x11\n\tint8_form\x18\n \x01(\t\x12\x11\n\tshortlist\x18\x0b \x01(\x08\x12\x17\n\x0fsource_language\x18\x0c \x01(\t\x12\x17\n\x0ftarget_language\x18\r \x01(\t\x1a.\n\x0cQualityEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01*Y\n\nResultKind\x12\x1b\n\x17RESULT_KIND_UNSPECIFIED\x10\x00\x12\x17\n\x13RESULT_KIND_PARTIAL\x10\x01\x12\x15\n\x11RESULT_KIND_FINAL\x10\x02\x32\xdd\x01\n\nTranslator\x12@\n\tTranslate\x12\x18.nmt.v1.TranslateRequest\x1a\x19.nmt.v1.TranslateResponse\x12H\n\x0fTranslateStream\x12\x18.nmt.v1.TranslateRequest\x1a\x19.nmt.v1.TranslateResponse0\x01\x12\x43\n\nListModels\x12\x19.nmt.v1.ListModelsRequest\x1a\x1a.nmt.v1.ListModelsResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -33,28 +33,28 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_MODELINFO_QUALITYENTRY']._loaded_options = None
   _globals['_MODELINFO_QUALITYENTRY']._serialized_options = b'8\001'
-  _globals['_RESULTKIND']._serialized_start=1282
-  _globals['_RESULTKIND']._serialized_end=1371
-  _globals['_TRANSLATEREQUEST']._serialized_start=50
-  _globals['_TRANSLATEREQUEST']._serialized_end=140
-  _globals['_DECODINGOPTIONS']._serialized_start=143
-  _globals['_DECODINGOPTIONS']._serialized_end=502
-  _globals['_TRANSLATERESPONSE']._serialized_start=505
-  _globals['_TRANSLATERESPONSE']._serialized_end=639
-  _globals['_TRANSLATION']._serialized_start=641
-  _globals['_TRANSLATION']._serialized_end=717
-  _globals['_HYPOTHESIS']._serialized_start=719
-  _globals['_HYPOTHESIS']._serialized_end=815
-  _globals['_ALIGNMENT']._serialized_start=817
-  _globals['_ALIGNMENT']._serialized_end=911
-  _globals['_LISTMODELSREQUEST']._serialized_start=913
-  _globals['_LISTMODELSREQUEST']._serialized_end=932
-  _globals['_LISTMODELSRESPONSE']._serialized_start=934
-  _globals['_LISTMODELSRESPONSE']._serialized_end=989
-  _globals['_MODELINFO']._serialized_start=992
-  _globals['_MODELINFO']._serialized_end=1280
-  _globals['_MODELINFO_QUALITYENTRY']._serialized_start=1234
-  _globals['_MODELINFO_QUALITYENTRY']._serialized_end=1280
-  _globals['_TRANSLATOR']._serialized_start=1374
-  _globals['_TRANSLATOR']._serialized_end=1595
+  _globals['_RESULTKIND']._serialized_start=1383
+  _globals['_RESULTKIND']._serialized_end=1472
+  _globals['_TRANSLATEREQUEST']._serialized_start=51
+  _globals['_TRANSLATEREQUEST']._serialized_end=191
+  _globals['_DECODINGOPTIONS']._serialized_start=194
+  _globals['_DECODINGOPTIONS']._serialized_end=553
+  _globals['_TRANSLATERESPONSE']._serialized_start=556
+  _globals['_TRANSLATERESPONSE']._serialized_end=690
+  _globals['_TRANSLATION']._serialized_start=692
+  _globals['_TRANSLATION']._serialized_end=768
+  _globals['_HYPOTHESIS']._serialized_start=770
+  _globals['_HYPOTHESIS']._serialized_end=866
+  _globals['_ALIGNMENT']._serialized_start=868
+  _globals['_ALIGNMENT']._serialized_end=962
+  _globals['_LISTMODELSREQUEST']._serialized_start=964
+  _globals['_LISTMODELSREQUEST']._serialized_end=983
+  _globals['_LISTMODELSRESPONSE']._serialized_start=985
+  _globals['_LISTMODELSRESPONSE']._serialized_end=1040
+  _globals['_MODELINFO']._serialized_start=1043
+  _globals['_MODELINFO']._serialized_end=1381
+  _globals['_MODELINFO_QUALITYENTRY']._serialized_start=1335
+  _globals['_MODELINFO_QUALITYENTRY']._serialized_end=1381
+  _globals['_TRANSLATOR']._serialized_start=1475
+  _globals['_TRANSLATOR']._serialized_end=1696
 # @@protoc_insertion_point(module_scope)

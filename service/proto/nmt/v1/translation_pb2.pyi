@@ -17,14 +17,18 @@ RESULT_KIND_PARTIAL: ResultKind
 RESULT_KIND_FINAL: ResultKind
 
 class TranslateRequest(_message.Message):
-    __slots__ = ("texts", "model", "options")
+    __slots__ = ("texts", "model", "options", "source_language", "target_language")
     TEXTS_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     OPTIONS_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_LANGUAGE_FIELD_NUMBER: _ClassVar[int]
+    TARGET_LANGUAGE_FIELD_NUMBER: _ClassVar[int]
     texts: _containers.RepeatedScalarFieldContainer[str]
     model: str
     options: DecodingOptions
-    def __init__(self, texts: _Optional[_Iterable[str]] = ..., model: _Optional[str] = ..., options: _Optional[_Union[DecodingOptions, _Mapping]] = ...) -> None: ...
+    source_language: str
+    target_language: str
+    def __init__(self, texts: _Optional[_Iterable[str]] = ..., model: _Optional[str] = ..., options: _Optional[_Union[DecodingOptions, _Mapping]] = ..., source_language: _Optional[str] = ..., target_language: _Optional[str] = ...) -> None: ...
 
 class DecodingOptions(_message.Message):
     __slots__ = ("beam_size", "num_hypotheses", "length_penalty", "max_decoding_length", "max_length_ratio", "return_scores", "return_attention")
@@ -99,7 +103,7 @@ class ListModelsResponse(_message.Message):
     def __init__(self, models: _Optional[_Iterable[_Union[ModelInfo, _Mapping]]] = ...) -> None: ...
 
 class ModelInfo(_message.Message):
-    __slots__ = ("name", "version", "sha256", "precision", "provider", "languages", "quality", "is_default", "attention", "int8_form", "shortlist")
+    __slots__ = ("name", "version", "sha256", "precision", "provider", "languages", "quality", "is_default", "attention", "int8_form", "shortlist", "source_language", "target_language")
     class QualityEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -118,6 +122,8 @@ class ModelInfo(_message.Message):
     ATTENTION_FIELD_NUMBER: _ClassVar[int]
     INT8_FORM_FIELD_NUMBER: _ClassVar[int]
     SHORTLIST_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_LANGUAGE_FIELD_NUMBER: _ClassVar[int]
+    TARGET_LANGUAGE_FIELD_NUMBER: _ClassVar[int]
     name: str
     version: str
     sha256: str
@@ -129,4 +135,6 @@ class ModelInfo(_message.Message):
     attention: str
     int8_form: str
     shortlist: bool
-    def __init__(self, name: _Optional[str] = ..., version: _Optional[str] = ..., sha256: _Optional[str] = ..., precision: _Optional[str] = ..., provider: _Optional[str] = ..., languages: _Optional[_Iterable[str]] = ..., quality: _Optional[_Mapping[str, float]] = ..., is_default: _Optional[bool] = ..., attention: _Optional[str] = ..., int8_form: _Optional[str] = ..., shortlist: _Optional[bool] = ...) -> None: ...
+    source_language: str
+    target_language: str
+    def __init__(self, name: _Optional[str] = ..., version: _Optional[str] = ..., sha256: _Optional[str] = ..., precision: _Optional[str] = ..., provider: _Optional[str] = ..., languages: _Optional[_Iterable[str]] = ..., quality: _Optional[_Mapping[str, float]] = ..., is_default: _Optional[bool] = ..., attention: _Optional[str] = ..., int8_form: _Optional[str] = ..., shortlist: _Optional[bool] = ..., source_language: _Optional[str] = ..., target_language: _Optional[str] = ...) -> None: ...
