@@ -10,7 +10,7 @@ import pytest
 
 SERVICE = Path(__file__).resolve().parents[1] / "service"
 LAYERS = [
-    {"service.errors", "service.proto", "service.choices"},
+    {"service.errors", "service.proto", "service.choices", "service.languages"},
     {"service.options", "service.metrics"},
     {"service.interface", "service.config"},
     {"service.text", "service.models", "service.process"},
@@ -20,7 +20,7 @@ LAYERS = [
     {"service.cli"},
 ]
 LEVEL = {unit: i for i, layer in enumerate(LAYERS) for unit in layer}
-CLIENTS_MAY_IMPORT = {"service.proto", "service.text", "service.options"}
+CLIENTS_MAY_IMPORT = {"service.proto", "service.text", "service.options", "service.languages"}
 
 
 def unit(module: str) -> str:

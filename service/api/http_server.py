@@ -15,6 +15,8 @@ the HTTP status ``frontend.STATUS`` gives the error's kind.
   (200 when health says SERVING, else 503)
 - ``GET /``: the web page (``service/api/web/``), ``GET /web/<file>``: its files, by name
 - errors before any route (the parser's): JSON too, ``service/api/http_errors.py``
+- LibreTranslate's API (``/translate``, ``/languages``, ``/detect``, ``/frontend/settings``):
+  ``service/api/libretranslate.py``, its own errors (``{"error": ...}``) and key check (``api_key``)
 
 A deadline: ``X-Request-Timeout: <seconds>``. Authorization: one hook, ``authorize(headers)``,
 called before anything else: ``auth.authorizer`` makes it from the token check gRPC makes
@@ -41,6 +43,7 @@ from service.api.auth import Authorize, allow_all
 from service.api.frontend import OK, Admitted, Frontend, status
 from service.api.http_errors import JsonErrorsRunner
 from service.api.http_json import BodyError, parse_request, sse, to_json
+from service.api.libretranslate import LibreTranslate
 from service.errors import ErrorKind, NmtError, invalid
 from service.interface import Final, Partial
 
@@ -112,6 +115,9 @@ class HttpServer:
             web.get("/v1/models", self._observed("ListModels", self._models)),
             web.get("/healthz", self._healthz), web.get("/readyz", self._readyz),
             web.get("/", self._index), web.get("/web/{file}", self._web_file)])
+        # LibreTranslate's API (/translate, /languages, /detect, /frontend/settings) over the same front door
+        web_app.add_routes(LibreTranslate(self.frontend, self.authorize,
+                                          keys_required=self.authorize is not allow_all).routes())
         return web_app
 
     async def start(self, host: str, port: int, *, ssl_context: ssl.SSLContext | None = None) -> None:
