@@ -2,7 +2,9 @@
 PYTHON ?= python3.11
 VENV := .venv
 BIN := $(VENV)/bin
-MODEL_REPOSITORY ?= models/en-fr/3
+# every model under models/<name>/<version>/ (en-fr, en-de, en-es, fr-en), en-fr the default
+MODEL_REPOSITORY ?= models
+DEFAULT_MODEL ?= en-fr
 # torch 2.13.0 is the CPU build on this machine's disk; any other version pulls CUDA.
 TORCH := torch==2.13.0
 
@@ -116,7 +118,7 @@ $(VENV)/.dev: pyproject.toml | $(BIN)/python
 	touch $@ $(VENV)/.serve
 
 serve: $(VENV)/.serve
-	$(BIN)/nmt serve --model-repository $(MODEL_REPOSITORY)
+	$(BIN)/nmt serve --model-repository $(MODEL_REPOSITORY) --default-model $(DEFAULT_MODEL)
 
 test: $(VENV)/.dev
 	$(BIN)/python -m pytest -q
@@ -161,9 +163,9 @@ V := $(MODEL_VERSION)
 MODEL_DIR := models/$(PAIR)
 model: $(call TRAIN_DIR,$(ATTENTION))/best.pt
 	$(BIN)/nmt release $< $(BUILD)/$(PAIR)/checkpoint-$(V).pt --force
-	$(BIN)/nmt evaluate $(BUILD)/$(PAIR)/checkpoint-$(V).pt --corpus $(CORPUS) --output $(MODEL_DIR)/evaluation-$(V)
+	$(BIN)/nmt evaluate $(BUILD)/$(PAIR)/checkpoint-$(V).pt --corpus $(CORPUS) --output docs/evaluation/$(PAIR)/$(V)
 	$(BIN)/nmt export $(BUILD)/$(PAIR)/checkpoint-$(V).pt --output $(BUILD)/$(PAIR)/$(V) --name $(PAIR) --version $(V) \
-		--quantize int8 --test-split $(CORPUS)/test.jsonl --quality $(MODEL_DIR)/evaluation-$(V)/results.json --force
+		--quantize int8 --test-split $(CORPUS)/test.jsonl --quality docs/evaluation/$(PAIR)/$(V)/results.json --force
 	$(BIN)/python loadtest/quality_engine.py $(BUILD)/$(PAIR)/$(V) $(CORPUS)/test.jsonl --record \
 		--out loadtest/results/quality_engine_$(PAIR)-$(V)
 	$(if $(filter en-fr,$(PAIR)),$(BIN)/nmt shortlist $(BUILD)/$(PAIR)/$(V) --corpus $(CORPUS))
