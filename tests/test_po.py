@@ -202,6 +202,9 @@ def test_a_language_the_model_does_not_translate_into(po_server, tmp_path: Path,
     german = tmp_path / "de.po"
     german.write_text(FIXTURE.read_text().replace('"MIME-Version', '"Language: de\\n"\n"MIME-Version'))
     code, _, err = translate_po(capsys, german, "-o", tmp_path / "out.po", "--server", po_server.address)
+    assert code == 2 and "Language is 'de': no served model translates en into de (serves en-fr;" in err
+    code, _, err = translate_po(capsys, german, "-o", tmp_path / "out.po", "--server", po_server.address,
+                                "--model", "en-fr")
     assert code == 2 and "Language is 'de', the model translates into 'fr'" in err
 
 

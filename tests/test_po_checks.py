@@ -177,8 +177,11 @@ def test_retargeting_writes_the_new_languages_plural_forms(tmp_path: Path,
     polish.write_text(POLISH)
     with stand_in() as server:
         code, _, err = translate_po(capsys, polish, "-o", out, "--server", server)
+        assert code == 2 and "Language is 'pl': no served model translates en into pl (serves en-fr;" in err
+        code, _, err = translate_po(capsys, polish, "-o", out, "--server", server, "--model", "echo")
         assert code == 2 and "Language is 'pl', the model translates into 'fr' (--overwrite" in err
-        code, _, err = translate_po(capsys, polish, "-o", out, "--server", server, "--overwrite")
+        code, _, err = translate_po(capsys, polish, "-o", out, "--server", server, "--language", "fr",
+                                    "--overwrite")
     assert code == 0, err
     result = polib.pofile(str(out))
     assert (result.metadata["Language"], result.metadata["Plural-Forms"]) == ("fr", "nplurals=2; plural=(n > 1);")
@@ -194,6 +197,9 @@ def test_a_language_the_model_does_not_produce(tmp_path: Path, capsys: pytest.Ca
     out = tmp_path / "ru.po"
     with stand_in(("en", "fr")) as server:
         code, _, err = translate_po(capsys, FIXTURE, "-o", out, "--server", server, "--language", "ru")
+        assert code == 2 and err == ("nmt translate-po: --language ru: no served model translates en into ru "
+                                     "(serves en-fr; --model to choose one)\n")
+        code, _, err = translate_po(capsys, FIXTURE, "-o", out, "--server", server, "--language=ru", "--model=echo")
     assert code == 2 and err == "nmt translate-po: --language ru: model echo/7 translates into fr, not ru\n"
     assert not out.exists()
     template = tmp_path / "app.pot"

@@ -10,7 +10,8 @@ multi-line messages are translated line by line; a translation that would break
 the entry's ``c-format``, ``python-format`` or ``python-brace-format`` flag is
 left out with a comment saying why. Input that ``msgfmt --check`` refuses is refused (exit 2,
 naming the line: ``po_syntax.py``). The output is written whole or not at all (through a
-symbolic link, at its target).
+symbolic link, at its target). Without ``--model``, the catalog's ``Language`` picks the served
+model of that direction (``po_models.py``).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ import grpc
 import polib
 
 from service.clients import po_catalog as catalogs
+from service.clients import po_models
 from service.clients.po_catalog import Failure
 from service.clients.po_channel import DEFAULT_SERVER, Metadata, add_connection_arguments, open_channel  # noqa: F401
 from service.clients.po_channel import positive_seconds
@@ -128,39 +130,6 @@ class BatchError(Exception):
                           f"the server answered {self.code}: {self.details}")
 
 
-def find_model(stub: pb_grpc.TranslatorStub, args: argparse.Namespace,
-               metadata: Metadata) -> pb.ModelInfo:
-    """The served model ``--model`` names ("name" or "name/version"; empty: the default)."""
-    try:
-        models = stub.ListModels(pb.ListModelsRequest(), timeout=args.timeout, metadata=metadata).models
-    except grpc.RpcError as e:
-        raise Failure(1, f"{args.server}: cannot list the models: {e.code().name}: {e.details()}") from None
-    name, _, wanted_version = args.model.partition("/")
-    for m in models:
-        if (m.name == name and wanted_version in ("", m.version)) or (not name and m.is_default):
-            return m
-    served = ", ".join(f"{m.name}/{m.version}" for m in models) or "none"
-    raise Failure(1, f"{args.server}: no model {args.model or '(default)'!r} (serves {served})")
-
-
-def target_language(model: pb.ModelInfo, wanted: str, stderr: TextIO) -> str:
-    """``--language``, or the model's target; Failure(2) for a language the model does not
-    translate into (its ListModels languages are [source, target, ...]): the catalog would say
-    one language and hold another. A model that names no languages gets a warning."""
-    produced = [language for language in model.languages[1:] if language]  # a manifest without: ""
-    if not wanted:
-        if not produced:
-            raise Failure(2, f"model {model.name} names no target language: pass --language")
-        return produced[-1]
-    if not produced:
-        stderr.write(f"nmt translate-po: warning: model {model.name}/{model.version} names no target "
-                     f"language: trusting --language {wanted}\n")
-    elif catalogs.primary(wanted) not in {catalogs.primary(p) for p in produced}:
-        raise Failure(2, f"--language {wanted}: model {model.name}/{model.version} translates into "
-                         f"{', '.join(produced)}, not {wanted}")
-    return wanted
-
-
 # ---- the run ----
 
 @dataclass
@@ -211,8 +180,8 @@ def run(args: argparse.Namespace, stderr: TextIO) -> Summary:
     channel, metadata = open_channel(args)
     with channel:
         stub = pb_grpc.TranslatorStub(channel)
-        model = find_model(stub, args, metadata)
-        target = target_language(model, args.language, stderr)
+        model = po_models.choose(stub, args, metadata, catalog, str(source))
+        target = po_models.target_language(model, args.language, stderr)
         nplurals = catalogs.update_header(catalog, target, overwrite=args.overwrite, path=source)
         summary = Summary()
         entries, texts = plan(catalog, nplurals, overwrite=args.overwrite, summary=summary)
@@ -256,10 +225,13 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("input", help="the catalog to fill: a .po or .pot")
     p.add_argument("-o", "--output", required=True, help="the catalog to write (may be INPUT)")
     add_connection_arguments(p)
-    p.add_argument("--model", default="", help="model name or name/version (default: the server's)")
+    p.add_argument("--model", default="", help="model name or name/version (default: the served model "
+                   "of the catalog's Language, else the server's default)")
     p.add_argument("--beam-size", "--beam", dest="beam", type=_int_in(1, 64), default=1,
                    help="beam size (1 = greedy) [deprecated alias: --beam]")
-    p.add_argument("--language", default="", help="target language (default: the model's)")
+    p.add_argument("--language", default="", help="target language (default: the catalog's Language, "
+                   "else the model's)")
+    p.add_argument("--source-language", default="en", help="the msgids' language, to pick the model (default: en)")
     p.add_argument("--overwrite", action="store_true", help="retranslate translated and fuzzy entries")
     p.add_argument("--no-fuzzy", action="store_true", help="do not mark machine output fuzzy")
     p.add_argument("--progress", action="store_true", help="show the progress bar (default: on a TTY)")
