@@ -36,23 +36,72 @@ function showError(message) {
   $("error").hidden = !message;
 }
 
+// English names of the language codes (mirrors service/languages.py NAMES; tests check them).
+const NAMES = { en: "English", fr: "French", de: "German", es: "Spanish", it: "Italian", pt: "Portuguese",
+                nl: "Dutch", pl: "Polish", ru: "Russian", ja: "Japanese", zh: "Chinese", ko: "Korean",
+                ar: "Arabic", sv: "Swedish", cs: "Czech" };
+const languageName = (code) => (NAMES[code] ? `${NAMES[code]} (${code})` : code);
+
+// The served directions, [source, target] per model in the server's order (the default first),
+// and each model option's direction; a request names the languages, the server picks the model.
+const directions = [];
+const modelDirections = new Map();
+
+function fillSelect(select, codes, wanted) {
+  select.replaceChildren(...codes.map((code) => new Option(languageName(code), code)));
+  if (codes.includes(wanted)) select.value = wanted;
+}
+
+const served = (source, target) => directions.some(([s, t]) => s === source && t === target);
+
+// Sources, the chosen source's targets, and the swap button only where the reverse pair is served.
+function showLanguages(source, target) {
+  fillSelect($("source"), [...new Set(directions.map(([s]) => s))], source);
+  const targets = directions.filter(([s]) => s === $("source").value).map(([, t]) => t);
+  fillSelect($("target"), [...new Set(targets)], target);
+  $("swap").disabled = !served($("target").value, $("source").value);
+}
+
+// A language picked: the model is the server's choice again.
+function pickLanguages(source, target) {
+  showLanguages(source, target);
+  $("model").value = "";
+}
+
+// A model picked by name: the selectors show its direction.
+function pickModel() {
+  const direction = modelDirections.get($("model").value);
+  if (direction) showLanguages(...direction);
+}
+
 async function loadModels() {
   const reply = await fetch("/v1/models");
   const body = await reply.json();
   if (!reply.ok) throw new Error(`${body.code}: ${body.message}`);
   for (const m of body.models) {
-    const option = document.createElement("option");
-    option.value = `${m.name}/${m.version}`;
-    option.textContent = `${m.name}/${m.version} (${m.precision}, ${m.provider})`;
+    const ref = `${m.name}/${m.version}`;
+    const option = new Option(`${ref} (${m.precision}, ${m.provider})`, ref);
     option.selected = m.is_default;
     $("model").append(option);
+    if (m.source_language && m.target_language) {
+      directions.push([m.source_language, m.target_language]);
+      modelDirections.set(option.value, [m.source_language, m.target_language]);
+    }
   }
+  if (!directions.length) return;  // models that name no languages: pick by name only
+  $("model").prepend(new Option("by the languages", ""));
+  $("languages").hidden = false;
+  pickLanguages(...directions[0]);
 }
 
 function request(text) {
   const beam = Number($("beam").value), nbest = Math.min(Number($("nbest").value), beam);
-  return { texts: [text], model: $("model").value,
-           options: { beam_size: beam, num_hypotheses: nbest, return_scores: true, return_attention: true } };
+  const body = { texts: [text], model: $("model").value,
+                 options: { beam_size: beam, num_hypotheses: nbest, return_scores: true, return_attention: true } };
+  if (!body.model && directions.length) {
+    Object.assign(body, { source_language: $("source").value, target_language: $("target").value });
+  }
+  return body;
 }
 
 // POST with server-sent events back (EventSource can only GET): calls onEvent(name, data).
@@ -150,13 +199,15 @@ async function translate(event) {
   $("hypotheses").replaceChildren();
   $("heatmap").replaceChildren();
   const started = performance.now();
+  let by = "";
   try {
     await postEvents("/v1/translate:stream", request(text), (name, data) => {
       if (name === "partial") $("partial").textContent = data.translations[0].hypotheses[0].text;
       else if (name === "final") showFinal(data.translations[0], placeholders);
       else if (name === "error") throw new Error(`${data.code}: ${data.message}`);
+      if (name === "final") by = ` by ${data.model} version ${data.model_version}`;
     });
-    $("status").textContent = `translated in ${Math.round(performance.now() - started)} ms`;
+    $("status").textContent = `translated${by} in ${Math.round(performance.now() - started)} ms`;
   } catch (e) {
     $("status").textContent = "";
     showError(e.message);
@@ -165,8 +216,12 @@ async function translate(event) {
   }
 }
 
-window.nmt = { findPlaceholders, showPiece };
+window.nmt = { findPlaceholders, showPiece, NAMES };
 document.addEventListener("DOMContentLoaded", () => {
   $("form").addEventListener("submit", translate);
+  $("source").addEventListener("change", () => pickLanguages($("source").value, $("target").value));
+  $("target").addEventListener("change", () => pickLanguages($("source").value, $("target").value));
+  $("swap").addEventListener("click", () => pickLanguages($("target").value, $("source").value));
+  $("model").addEventListener("change", pickModel);
   loadModels().catch((e) => showError(`models: ${e.message}`));
 });
