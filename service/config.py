@@ -78,6 +78,8 @@ class ServeConfig:
     http_port: int = 0  # HTTP/JSON API and web page (service.api.http_server); 0 = off
     int8_form: Int8Form = Int8Form.AUTO  # the int8 products' form (auto: from the CPU's flags)
     shortlist: Shortlist = Shortlist.OFF  # project each step onto the texts' candidate pieces
+    trust_client_id: bool = False  # fairness: the x-client-id header names the client (else token / peer)
+    fairness: bool = True  # rows shared between clients (off: one arrival-ordered queue)
 
 
 class ConfigError(ValueError):
@@ -163,6 +165,12 @@ FLAGS: list[tuple[str, Callable[[str], object], object, str]] = [
      "waits to fill)"),
     ("--max-queued-work", _int_at_least(1), _DEFAULTS.max_queued_work,
      "estimated rows x steps queued or decoding; above it RESOURCE_EXHAUSTED"),
+    ("--fairness", _choice(Switch), Switch.ON,
+     "on: free decoder rows go to the client with the fewest (its oldest text first); off: one queue in "
+     "arrival order for everyone (docs/serving.md)"),
+    ("--trust-client-id", _choice(Switch), Switch.OFF,
+     "fairness between clients: on: a request's x-client-id header (gRPC metadata) names its client; "
+     "off: a token's identity where tokens are on, else the peer address"),
     ("--batching", _choice(Batching), Batching.STEP,
      "step: texts join/leave between decoder steps; request: a batch runs to its end"),
     ("--max-texts", _int_at_least(1), _LIMITS.max_texts, "texts per request"),
@@ -244,7 +252,8 @@ def parse(argv: list[str], env: Mapping[str, str] | None = None) -> ServeConfig:
         max_connection_age=args.max_connection_age,
         log_level=args.log_level, model_control=args.model_control,
         poll_seconds=max(args.poll_seconds, 0.1), model_versions=args.model_versions,
-        security=security(args), http_port=args.http_port)
+        security=security(args), http_port=args.http_port,
+        trust_client_id=args.trust_client_id is Switch.ON, fairness=args.fairness is Switch.ON)
 
 
 def _path(text: str) -> Path | None:

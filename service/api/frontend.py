@@ -19,6 +19,7 @@ they share is here, in ``convert`` (protobuf <-> dataclasses) and in ``auth`` (T
 
 from __future__ import annotations
 
+import hashlib
 import logging
 from dataclasses import dataclass
 from typing import AsyncIterator, Sequence
@@ -74,6 +75,19 @@ def status(kind: ErrorKind) -> Status:
     return STATUS[kind]
 
 
+MAX_CLIENT_ID = 64
+"""Characters of an ``x-client-id`` kept (with ``--trust-client-id``)."""
+
+
+def peer_address(peer: str) -> str:
+    """gRPC's ``ipv4:127.0.0.1:5000`` / ``ipv6:[::1]:5000``, or aiohttp's ``127.0.0.1``: the address."""
+    kind, _, rest = peer.partition(":")
+    if kind in ("ipv4", "ipv6") and rest:
+        host = rest.rsplit(":", 1)[0]
+        return host.strip("[]")
+    return peer or "unknown"
+
+
 @dataclass(frozen=True)
 class Admitted:
     """A request past the front door: the model version that will translate it, and its texts
@@ -81,6 +95,7 @@ class Admitted:
 
     model: Model
     prepared: tuple[Prepared, ...]
+    client: str = ""  # who sent it: its turn among the others' (``Frontend.client``)
 
 
 class Frontend:
@@ -91,7 +106,7 @@ class Frontend:
         self.ready = False  # every model warmed up and not draining: gRPC health, HTTP /readyz
 
     def admit_request(self, *, texts: Sequence[str], options: DecodingOptions, model: str = "",
-                      source_language: str = "", target_language: str = "") -> Admitted:
+                      source_language: str = "", target_language: str = "", client: str = "") -> Admitted:
         """Validate the whole request (once, here, for every transport), resolve ``model``
         (empty: by the languages, else the default), refuse it at once if the scheduler is full,
         then tokenize its texts. Raises NmtError naming the field, the limit and the value."""
@@ -105,7 +120,21 @@ class Frontend:
         # before tokenizing: under a flood a refusal costs a comparison, not a tokenization
         served.scheduler.refuse_if_full(len(texts) * options.beam_size)
         prepared = tuple(served.engine.prepare_text(text, options, i) for i, text in enumerate(texts))
-        return Admitted(model=served, prepared=prepared)
+        return Admitted(model=served, prepared=prepared, client=client)
+
+    def client(self, *, authorization: str | None, peer: str, client_id: str | None = None) -> str:
+        """Who sent a request, for fairness between clients: with ``--trust-client-id``, the
+        ``x-client-id`` it gives; else, where tokens are on, the token's identity (a hash: the
+        token itself is never kept); else the peer's address (without its port). With
+        ``--fairness off``, everyone is one client (one queue, arrival order)."""
+        if not self.config.fairness:
+            return ""
+        if self.config.trust_client_id and client_id:
+            return "id:" + "".join(c for c in client_id if c.isprintable())[:MAX_CLIENT_ID]
+        if self.config.security.auth_token_file is not None and authorization:
+            token = authorization.partition(" ")[2].strip().encode("utf-8", "surrogateescape")
+            return "token:" + hashlib.sha256(token).hexdigest()[:12]
+        return peer_address(peer)
 
     def resolve(self, model: str, source_language: str = "", target_language: str = "") -> Model:
         """The model a request names; with no name, the served model of its languages (the
@@ -128,12 +157,12 @@ class Frontend:
 
     async def translate(self, admitted: Admitted, *, timeout: float | None) -> list[Translation]:
         """The translations, in request order (``timeout``: the client's deadline in seconds)."""
-        return await admitted.model.scheduler.translate(admitted.prepared, timeout=timeout)
+        return await admitted.model.scheduler.translate(admitted.prepared, timeout=timeout, client=admitted.client)
 
     def stream(self, admitted: Admitted, *, timeout: float | None) -> AsyncIterator[Event]:
         """``Partial`` updates as decoding goes, then one ``Final``; close it (``aclose``) when
         the client goes away, so that its rows leave the batch."""
-        return admitted.model.scheduler.stream(admitted.prepared, timeout=timeout)
+        return admitted.model.scheduler.stream(admitted.prepared, timeout=timeout, client=admitted.client)
 
     def served(self) -> list[Model]:
         """The versions taking requests, the default model's first."""

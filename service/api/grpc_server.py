@@ -100,22 +100,25 @@ class TranslatorServicer(pb_grpc.TranslatorServicer):
     def __init__(self, frontend: Frontend) -> None:
         self.frontend = frontend
 
-    def _admit(self, request: pb.TranslateRequest) -> Admitted:
+    def _admit(self, request: pb.TranslateRequest, context: grpc.aio.ServicerContext) -> Admitted:
+        metadata = dict(context.invocation_metadata() or ())
+        client = self.frontend.client(authorization=metadata.get("authorization"), peer=context.peer() or "",
+                                      client_id=metadata.get("x-client-id"))
         return self.frontend.admit_request(texts=request.texts, options=convert.options(request.options),
                                            model=request.model, source_language=request.source_language,
-                                           target_language=request.target_language)
+                                           target_language=request.target_language, client=client)
 
     async def Translate(self, request: pb.TranslateRequest, context: grpc.aio.ServicerContext
                         ) -> pb.TranslateResponse:
         async with self._rpc("Translate", request, context):
-            admitted = self._admit(request)
+            admitted = self._admit(request, context)
             translations = await self.frontend.translate(admitted, timeout=context.time_remaining())
             return convert.response(translations, admitted.model.manifest)
 
     async def TranslateStream(self, request: pb.TranslateRequest, context: grpc.aio.ServicerContext
                               ) -> AsyncIterator[pb.TranslateResponse]:
         async with self._rpc("TranslateStream", request, context):
-            admitted = self._admit(request)
+            admitted = self._admit(request, context)
             manifest = admitted.model.manifest
             events = self.frontend.stream(admitted, timeout=context.time_remaining())
             try:

@@ -244,9 +244,11 @@ class HttpServer:
             raise HttpError(ErrorKind.INVALID_ARGUMENT, f"request body could not be read: "
                             f"{str(e).splitlines()[-1].strip()[:120]}", http_status=400) from None
         message = parse_request(body)
+        client = self.frontend.client(authorization=request.headers.get("Authorization"),
+                                      peer=request.remote or "", client_id=request.headers.get("X-Client-Id"))
         return self.frontend.admit_request(texts=message.texts, options=convert.options(message.options),
                                            model=message.model, source_language=message.source_language,
-                                           target_language=message.target_language), timeout
+                                           target_language=message.target_language, client=client), timeout
 
     async def _translate(self, request: web.Request) -> web.StreamResponse:
         admitted, timeout = await self._admit(request)

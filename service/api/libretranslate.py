@@ -77,6 +77,7 @@ class LibreTranslate:
                     params = await _params(request)
                     if key:
                         self._check_key(params, request)
+                    params["client"] = self._client(params, request)
                     return web.json_response(await handler(params), dumps=_dumps)
             except LtError as e:
                 code = "INVALID_ARGUMENT" if e.http_status == 400 else str(e.http_status)
@@ -100,6 +101,12 @@ class LibreTranslate:
             self.authorize(headers)
         except NmtError:
             raise LtError("Invalid API key" if key else "Missing api_key (or Authorization: Bearer)", 403) from None
+
+    def _client(self, params: dict, request: web.Request) -> str:
+        key = params.get("api_key")
+        authorization = f"Bearer {key}" if isinstance(key, str) and key else request.headers.get("Authorization")
+        return self.frontend.client(authorization=authorization, peer=request.remote or "",
+                                    client_id=request.headers.get("X-Client-Id"))
 
     def _served(self) -> list[tuple[str, str]]:
         return [m.manifest.languages for m in self.frontend.served()]
@@ -152,7 +159,7 @@ class LibreTranslate:
             sources, detected = self._detect_each(texts, target)
         elif source == target:
             raise LtError(f"target must differ from source, got {target!r} for both")
-        results = await self._run(texts, sources, target, fmt, options)
+        results = await self._run(texts, sources, target, fmt, options, params["client"])
         first = [r[0] for r in results]
         answer: dict[str, Any] = {"translatedText": first if as_list else first[0]}
         if options.num_hypotheses > 1:
@@ -191,28 +198,29 @@ class LibreTranslate:
         return sources, detected
 
     async def _run(self, texts: Sequence[str], sources: Sequence[str], target: str, fmt: str,
-                   options: DecodingOptions) -> list[list[str]]:
+                   options: DecodingOptions, client: str) -> list[list[str]]:
         """Hypotheses of every text, best first; texts of one source language in one request."""
         results: list[list[str]] = [[] for _ in texts]
         for source in dict.fromkeys(sources):
             indexes = [i for i, s in enumerate(sources) if s == source]
             if fmt == "html":
                 for i in indexes:
-                    results[i] = await self._html(texts[i], source, target, options)
+                    results[i] = await self._html(texts[i], source, target, options, client)
                 continue
             for i, hyps in zip(indexes, await self._translate_texts([texts[i] for i in indexes], source,
-                                                                    target, options)):
+                                                                    target, options, client)):
                 results[i] = hyps
         return results
 
     async def _translate_texts(self, texts: Sequence[str], source: str, target: str,
-                               options: DecodingOptions) -> list[list[str]]:
+                               options: DecodingOptions, client: str) -> list[list[str]]:
         admitted = self.frontend.admit_request(texts=texts, options=options, source_language=source,
-                                               target_language=target)
+                                               target_language=target, client=client)
         translations = await self.frontend.translate(admitted, timeout=None)
         return [[h.text for h in t.hypotheses] for t in translations]
 
-    async def _html(self, fragment: str, source: str, target: str, options: DecodingOptions) -> list[str]:
+    async def _html(self, fragment: str, source: str, target: str, options: DecodingOptions,
+                    client: str) -> list[str]:
         """One HTML fragment's hypotheses: hypothesis k joins every segment's k-th (or best)."""
         doc = html_segments.split(fragment)
         if not doc.segments:
@@ -220,7 +228,7 @@ class LibreTranslate:
         chunk = self.frontend.config.limits.max_texts
         segments: list[list[str]] = []
         for at in range(0, len(doc.segments), chunk):
-            segments += await self._translate_texts(doc.segments[at:at + chunk], source, target, options)
+            segments += await self._translate_texts(doc.segments[at:at + chunk], source, target, options, client)
         return [doc.join([hyps[min(k, len(hyps) - 1)] for hyps in segments])
                 for k in range(options.num_hypotheses)]
 

@@ -3,16 +3,27 @@
 ``SchedulerState`` is the "pure state" half of the scheduler (handle + pure state +
 one background task, as text-generation-inference's ``router/src/queue.rs``):
 plain synchronous code with the clock passed in, no I/O and no engine, tested
-on its own (``tests/test_scheduler.py``). It keeps one queue for all clients
-(arrival order), the texts decoding, the estimated work (rows x steps) for
-admission control, and decides each cycle's removals and additions within
-the row and token budgets, preferring sources of the oldest text's length
-bucket. ``service.scheduling.scheduler.Scheduler`` drives it from the event loop.
+on its own (``tests/test_scheduler.py``). It keeps the queued texts (arrival
+order), the texts decoding, the estimated work (rows x steps) for admission
+control, and decides each cycle's removals and additions within the row and
+token budgets. ``service.scheduling.scheduler.Scheduler`` drives it from the
+event loop.
+
+Fairness between clients (a token's identity, else the peer address): free rows
+go to the client with the fewest rows decoding (rows this cycle's choices
+included), its oldest text first, then its texts of that text's length bucket
+(less padding). So a client's heavy requests join in turns with everyone
+else's, a newcomer's text joins at the next rows that free up, ahead of any
+backlog, and when the chosen client's oldest text does not fit, the rows are
+kept for it (no one overtakes it: nobody starves). This is max-min fairness on
+decoder rows, which deficit round robin with a quantum of one row approaches;
+with one client it is the old order: oldest text first, then its length bucket.
 """
 
 from __future__ import annotations
 
 import itertools
+from collections import Counter
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -42,6 +53,7 @@ class Entry:
     arrived: float  # clock() when submitted
     deadline: float | None  # clock() after which the request fails
     stream: bool = False  # the request wants the agreed prefix after every step
+    client: str = ""  # who sent it (fairness): a token's identity, else the peer address
 
 
 @dataclass(frozen=True)
@@ -63,9 +75,13 @@ class SchedulerState:
         self.pending_removal: list[Key] = []
         self.work = 0  # estimated rows x steps of queued and running texts
         self.running_rows = 0  # decoder rows of the running texts
+        self.client_rows: Counter[str] = Counter()  # decoder rows of the running texts, by client
+        self.client_work: Counter[str] = Counter()  # estimated work of the queued texts, by client
+        self.served_at: dict[str, int] = {}  # client -> the admission count when it last got rows
+        self._admissions = 0
 
     def submit(self, request_id: int, prepared: Sequence[Prepared], *, now: float,
-               deadline: float | None, stream: bool = False) -> None:
+               deadline: float | None, stream: bool = False, client: str = "") -> None:
         """Queue a request's texts, or raise RESOURCE_EXHAUSTED naming the limit (INVALID_ARGUMENT
         when the request alone exceeds it: no retry could ever succeed)."""
         work = sum(p.work for p in prepared)
@@ -77,7 +93,8 @@ class SchedulerState:
         if self.work + work > limit:
             raise overloaded(total=self.work + work, work=work, limit=limit)
         self.work += work
-        self.queue += [Entry((request_id, i), p, now, deadline, stream) for i, p in enumerate(prepared)]
+        self.client_work[client] += work
+        self.queue += [Entry((request_id, i), p, now, deadline, stream, client) for i, p in enumerate(prepared)]
 
     def refuse_if_full(self, least: int) -> None:
         """RESOURCE_EXHAUSTED before a request is tokenized when even its least work (each of its
@@ -92,6 +109,7 @@ class SchedulerState:
         for e in [e for e in self.queue if e.key[0] == request_id]:
             self.queue.remove(e)
             self.work -= e.prepared.work
+            self._unqueue(e)
         for key in [k for k in self.running if k[0] == request_id]:
             self._leave(key)
             self.pending_removal.append(key)
@@ -107,6 +125,21 @@ class SchedulerState:
         entry = self.running.pop(key)
         self.work -= entry.prepared.work
         self.running_rows -= entry.prepared.rows
+        self.client_rows[entry.client] -= entry.prepared.rows
+        if self.client_rows[entry.client] <= 0:
+            del self.client_rows[entry.client]
+            self._gone(entry.client)
+
+    def _unqueue(self, entry: Entry) -> None:
+        self.client_work[entry.client] -= entry.prepared.work
+        if self.client_work[entry.client] <= 0:
+            del self.client_work[entry.client]
+            self._gone(entry.client)
+
+    def _gone(self, client: str) -> None:
+        """Forget when a client was served once it has nothing queued or decoding."""
+        if client not in self.client_rows and client not in self.client_work:
+            self.served_at.pop(client, None)
 
     def expired(self, now: float) -> list[int]:
         """Requests whose deadline passed; the caller fails them and calls cancel()."""
@@ -137,10 +170,13 @@ class SchedulerState:
         """The next cycle: pending removals, and the queued texts that join now."""
         remove, self.pending_removal = tuple(self.pending_removal), []
         chosen = self._choose(now)
+        taken = {id(e) for e in chosen}
+        self.queue = [e for e in self.queue if id(e) not in taken]
         for e in chosen:
-            self.queue.remove(e)
             self.running[e.key] = e
             self.running_rows += e.prepared.rows
+            self.client_rows[e.client] += e.prepared.rows
+            self._unqueue(e)
         chosen.sort(key=lambda e: -len(e.prepared.source_ids))
         return Cycle(remove=remove, add=tuple((e.key, e.prepared) for e in chosen),
                      waited=tuple(now - e.arrived for e in chosen))
@@ -153,20 +189,45 @@ class SchedulerState:
             return []
         if rows >= self.config.max_rows:
             return []
-        head = self.queue[0]
         longest = max((len(e.prepared.source_ids) for e in self.running.values()), default=0)
+        orders, heads = self._client_orders()
+        load = Counter({c: self.client_rows.get(c, 0) for c in orders})
         chosen: list[Entry] = []
-        for e in self._by_bucket(head):
+        while orders:
+            # fewest rows; among equals, the least recently served, then the oldest text
+            client = min(orders, key=lambda c: (load[c], self.served_at.get(c, -1), heads[c].arrived))
+            e = orders[client].pop()
+            if not orders[client]:
+                del orders[client]
             length = len(e.prepared.source_ids)
             new_rows, new_longest = rows + e.prepared.rows, max(longest, length)
             fits = new_rows <= self.config.max_rows and new_rows * new_longest <= self.config.max_tokens
             if not fits and not (idle and not chosen):  # the first text of a batch always fits
-                if e is head:
-                    break  # keep the budget for the oldest text rather than starve it
+                if e is heads[client]:
+                    break  # keep the rows for this client's oldest text rather than starve it
                 continue
             chosen.append(e)
+            load[client] += e.prepared.rows
+            self._admissions += 1
+            self.served_at[client] = self._admissions
             rows, longest = new_rows, new_longest
         return chosen
+
+    def _client_orders(self) -> tuple[dict[str, list[Entry]], dict[str, Entry]]:
+        """Each client's queued texts in the order it would add them, reversed (pop() takes the next):
+        its oldest text, then by distance of length bucket to the oldest's, then arrival; and each
+        client's oldest text."""
+        by_client: dict[str, list[Entry]] = {}
+        for e in self.queue:
+            by_client.setdefault(e.client, []).append(e)
+        orders = {}
+        for client, entries in by_client.items():
+            head = entries[0]
+            bucket = len(head.prepared.source_ids) // BUCKET_TOKENS
+            rest = sorted(range(1, len(entries)), key=lambda i: (
+                abs(len(entries[i].prepared.source_ids) // BUCKET_TOKENS - bucket), i))
+            orders[client] = [entries[i] for i in reversed(rest)] + [head]
+        return orders, {c: entries[0] for c, entries in by_client.items()}
 
     def _should_wait(self, now: float, *, idle: bool, free_rows: int) -> bool:
         """Wait up to max_wait for more texts, unless the queued ones fill the free rows.
@@ -180,10 +241,3 @@ class SchedulerState:
         queued_rows = sum(e.prepared.rows for e in self.queue)
         return queued_rows < free_rows and now < self.queue[0].arrived + self.config.max_wait
 
-    def _by_bucket(self, head: Entry) -> list[Entry]:
-        """Oldest first, then by distance of length bucket to the oldest's, then arrival."""
-        bucket = len(head.prepared.source_ids) // BUCKET_TOKENS
-        order = {id(e): i for i, e in enumerate(self.queue)}
-        rest = sorted(self.queue[1:], key=lambda e: (
-            abs(len(e.prepared.source_ids) // BUCKET_TOKENS - bucket), order[id(e)]))
-        return [head, *rest]

@@ -37,6 +37,7 @@ from service.errors import ErrorKind, NmtError
 from service.interface import DecodeBatch, Decoded, Engine, Event, Final, Key, Partial, Prepared, Translation
 from service.metrics import Metrics
 from service.scheduling.admission import SchedulerState
+from service.scheduling.client_metrics import ClientGauges
 
 
 @dataclass
@@ -72,6 +73,10 @@ class Scheduler:
         self._idle = asyncio.Event()  # set while no request waits on this scheduler
         self._idle.set()
         self._thread: threading.Thread | None = None
+        self._client_gauges = ClientGauges.of(metrics)
+        manifest = getattr(engine, "manifest", None)
+        self._model_label = f"{manifest.name}/{manifest.version}" if manifest is not None else ""
+        self._clients_shown: tuple[dict, dict] = ({}, {})
 
     def start(self) -> None:
         self._loop = asyncio.get_running_loop()
@@ -108,23 +113,25 @@ class Scheduler:
         with self._lock:
             self.state.refuse_if_full(least)
 
-    async def translate(self, prepared: Sequence[Prepared], *, timeout: float | None = None
-                        ) -> list[Translation]:
+    async def translate(self, prepared: Sequence[Prepared], *, timeout: float | None = None,
+                        client: str = "") -> list[Translation]:
         """Translations of ``prepared``, in order; raises NmtError."""
-        async with aclosing(self.stream(prepared, timeout=timeout, partials=False)) as events:
+        async with aclosing(self.stream(prepared, timeout=timeout, partials=False, client=client)) as events:
             async for event in events:
                 if isinstance(event, Final):
                     return list(event.translations)
         raise AssertionError("unreachable: the stream ends with the translations")
 
     async def stream(self, prepared: Sequence[Prepared], *, timeout: float | None = None,
-                     partials: bool = True) -> AsyncIterator[Event]:
-        """``Partial`` updates as decoding goes (if ``partials``), then one ``Final``."""
+                     partials: bool = True, client: str = "") -> AsyncIterator[Event]:
+        """``Partial`` updates as decoding goes (if ``partials``), then one ``Final``; ``client``
+        (who sent it) decides its turn among the others' (``SchedulerState``)."""
         request_id = next(self._ids)
         with self._lock:
             now = self._clock()
             self.state.submit(request_id, prepared, now=now,
-                              deadline=None if timeout is None else now + timeout, stream=partials)
+                              deadline=None if timeout is None else now + timeout, stream=partials,
+                              client=client)
             self._observe_queue()
         request = _Request(prepared=prepared, events=asyncio.Queue(), prefixes=[""] * len(prepared))
         self._requests[request_id] = request
@@ -285,3 +292,7 @@ class Scheduler:
         """(Holding the lock.)"""
         self._metrics.queue_depth.set(len(self.state.queue))
         self._metrics.inflight_rows.set(self.state.running_rows)
+        clients = (dict(self.state.client_rows), dict(self.state.client_work))
+        if clients != self._clients_shown:  # the common cycle changes nothing here
+            self._clients_shown = clients
+            self._client_gauges.set(self._model_label, *clients)

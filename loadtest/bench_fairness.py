@@ -1,0 +1,154 @@
+"""Fairness under heavy clients (issue 31, row 3): a light client's latency while three clients
+loop heavy requests, with ``--fairness on`` (rows shared between clients) and ``off`` (one queue in
+arrival order, the scheduler before fairness), alternating rounds.
+
+    python loadtest/bench_fairness.py [--model models/en-fr/3] [--texts build/corpus-v2/test.jsonl] \
+        [--rounds 2] [--seconds 30]
+
+Each client has its own token (``--auth-token-file``: the token is who a client is). The heavy
+clients loop requests of 64 texts x beam 16 with a 2 s deadline; the light client sends one text,
+greedy, one request after the other. Per round and setting: the light client's p50/p99 alone
+(before the heavy ones start) and under load, and the heavy clients' translated texts per second
+and deadline failures. Reported: medians over rounds; the targets are light p99 under load at most
+4x its p99 alone, and heavy texts/s with fairness within 20 % of without. Loopback only; every
+loop stops by itself. Writes ``loadtest/results/bench_fairness.{md,json}``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import grpc
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests"))
+
+from harness import ServerProcess  # noqa: E402
+from service.decoding.int8_form import reported_flags  # noqa: E402
+from service.proto.nmt.v1 import translation_pb2 as pb  # noqa: E402
+from service.proto.nmt.v1 import translation_pb2_grpc as pb_grpc  # noqa: E402
+from service_load import percentiles  # noqa: E402
+
+HEAVY_CLIENTS, HEAVY_TEXTS, HEAVY_BEAM, HEAVY_DEADLINE = 3, 64, 16, 2.0
+
+
+async def light(stub, token: str, texts: list[str], stop_at: float) -> list[float]:
+    latencies, i = [], 0
+    while time.perf_counter() < stop_at:
+        start = time.perf_counter()
+        await stub.Translate(pb.TranslateRequest(texts=[texts[i % len(texts)]]), timeout=30,
+                             metadata=(("authorization", f"Bearer {token}"),))
+        latencies.append(time.perf_counter() - start)
+        i += 1
+    return latencies
+
+
+async def heavy(stub, token: str, texts: list[str], stop_at: float, seed: int) -> tuple[int, int]:
+    done = failed = 0
+    i = seed * HEAVY_TEXTS
+    options = pb.DecodingOptions(beam_size=HEAVY_BEAM)
+    while time.perf_counter() < stop_at:
+        batch = [texts[(i + k) % len(texts)] for k in range(HEAVY_TEXTS)]
+        i += HEAVY_TEXTS
+        try:
+            await stub.Translate(pb.TranslateRequest(texts=batch, options=options), timeout=HEAVY_DEADLINE,
+                                 metadata=(("authorization", f"Bearer {token}"),))
+            done += len(batch)
+        except grpc.aio.AioRpcError as e:
+            if e.code() not in (grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.RESOURCE_EXHAUSTED):
+                raise
+            failed += 1
+    return done, failed
+
+
+async def one_round(address: str, tokens: list[str], short: list[str], long: list[str], seconds: float) -> dict:
+    async with grpc.aio.insecure_channel(address) as channel:
+        stub = pb_grpc.TranslatorStub(channel)
+        await light(stub, tokens[0], short, time.perf_counter() + 2)  # warm-up
+        alone = await light(stub, tokens[0], short, time.perf_counter() + seconds / 3)
+        stop_at = time.perf_counter() + seconds
+        heavy_tasks = [asyncio.create_task(heavy(stub, tokens[1 + k], long, stop_at, k)) for k in range(HEAVY_CLIENTS)]
+        await asyncio.sleep(2)  # the heavy clients fill the server first
+        loaded = await light(stub, tokens[0], short, stop_at)
+        results = await asyncio.gather(*heavy_tasks)
+    return {"alone": percentiles(alone), "loaded": percentiles(loaded), "light_requests": len(loaded),
+            "heavy_texts_per_s": sum(d for d, _ in results) / seconds,
+            "heavy_deadline_failures": sum(f for _, f in results)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default="models/en-fr/3")
+    p.add_argument("--texts", type=Path, default=ROOT / "build/corpus-v2/test.jsonl")
+    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--seconds", type=float, default=30)
+    p.add_argument("--out", type=Path, default=ROOT / "loadtest" / "results" / "bench_fairness")
+    args = p.parse_args(argv)
+    pairs = [json.loads(line)["src_raw"] for line in args.texts.read_text().splitlines() if line.strip()]
+    short = [t for t in pairs if 3 <= len(t.split()) <= 10][:200]
+    long = [t for t in pairs if len(t.split()) >= 6][:2000]
+    tokens = [f"bench-client-{k}-{os.urandom(6).hex()}" for k in range(1 + HEAVY_CLIENTS)]
+    rows: dict[str, list[dict]] = {"on": [], "off": []}
+    with tempfile.TemporaryDirectory() as tmp:
+        token_file = Path(tmp) / "tokens"
+        token_file.write_text("\n".join(tokens) + "\n")
+        for _ in range(args.rounds):
+            for setting in ("on", "off"):
+                server = ServerProcess(ROOT / args.model, Path(tmp) / f"server-{setting}.log", "--fairness", setting,
+                                       "--auth-token-file", str(token_file), "--max-texts", str(HEAVY_TEXTS),
+                                       "--max-beam", str(HEAVY_BEAM))
+                try:
+                    rows[setting].append(asyncio.run(one_round(server.address, tokens, short, long, args.seconds)))
+                finally:
+                    server.stop()
+                print(setting, rows[setting][-1], flush=True)
+    report(args, rows, argv)
+    return 0
+
+
+def report(args, rows: dict[str, list[dict]], argv) -> None:
+    def med(setting: str, *path: str) -> float:
+        values = []
+        for r in rows[setting]:
+            for key in path:
+                r = r[key]
+            values.append(r)
+        return statistics.median(values)
+    result = {s: {"light_alone_p50_ms": med(s, "alone", "p50_ms"), "light_alone_p99_ms": med(s, "alone", "p99_ms"),
+                  "light_loaded_p50_ms": med(s, "loaded", "p50_ms"), "light_loaded_p99_ms": med(s, "loaded", "p99_ms"),
+                  "heavy_texts_per_s": med(s, "heavy_texts_per_s"),
+                  "heavy_deadline_failures": med(s, "heavy_deadline_failures")} for s in rows}
+    machine = {"cpu": f"{platform.machine()}, {os.cpu_count()} CPUs", "flags": reported_flags()}
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.with_suffix(".json").write_text(json.dumps({"machine": machine, "medians": result, "rounds": rows},
+                                                        indent=1) + "\n")
+    lines = ["# Fairness: a light client beside three heavy ones (loadtest/bench_fairness.py)", "",
+             f"`python loadtest/bench_fairness.py {' '.join(argv if argv is not None else sys.argv[1:])}`; "
+             f"{machine['cpu']}, CPU flags {', '.join(machine['flags']) or 'none'}; {args.rounds} alternating "
+             f"rounds of {args.seconds:.0f} s, medians. Heavy: {HEAVY_CLIENTS} clients looping {HEAVY_TEXTS} texts x "
+             f"beam {HEAVY_BEAM}, {HEAVY_DEADLINE:.0f} s deadline; light: one text, greedy, one after the other.", "",
+             "| --fairness | light alone p50 / p99 ms | light loaded p50 / p99 ms | loaded p99 / alone p99 | "
+             "heavy texts/s | heavy deadline failures |", "|---|---|---|---:|---:|---:|"]
+    for s, r in result.items():
+        lines.append(f"| {s} | {r['light_alone_p50_ms']:.0f} / {r['light_alone_p99_ms']:.0f} | "
+                     f"{r['light_loaded_p50_ms']:.0f} / {r['light_loaded_p99_ms']:.0f} | "
+                     f"{r['light_loaded_p99_ms'] / r['light_alone_p99_ms']:.1f}x | {r['heavy_texts_per_s']:.1f} | "
+                     f"{r['heavy_deadline_failures']:.0f} |")
+    if result["off"]["heavy_texts_per_s"]:
+        lines += ["", f"Heavy throughput with fairness: {result['on']['heavy_texts_per_s'] / result['off']['heavy_texts_per_s']:.2f}x "
+                  "of without."]
+    args.out.with_suffix(".md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
