@@ -21,6 +21,7 @@ import asyncio
 import json
 import os
 import platform
+import re
 import statistics
 import sys
 import tempfile
@@ -32,13 +33,13 @@ import grpc
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 
-from harness import ServerProcess  # noqa: E402
+from harness import ServerProcess, scrape  # noqa: E402
 from service.decoding.int8_form import reported_flags  # noqa: E402
 from service.proto.nmt.v1 import translation_pb2 as pb  # noqa: E402
 from service.proto.nmt.v1 import translation_pb2_grpc as pb_grpc  # noqa: E402
 from service_load import percentiles  # noqa: E402
 
-HEAVY_CLIENTS, HEAVY_TEXTS, HEAVY_BEAM, HEAVY_DEADLINE = 3, 64, 16, 2.0
+HEAVY_CLIENTS, HEAVY_TEXTS, HEAVY_BEAM = 3, 64, 16
 
 
 async def light(stub, token: str, texts: list[str], stop_at: float) -> list[float]:
@@ -52,7 +53,7 @@ async def light(stub, token: str, texts: list[str], stop_at: float) -> list[floa
     return latencies
 
 
-async def heavy(stub, token: str, texts: list[str], stop_at: float, seed: int) -> tuple[int, int]:
+async def heavy(stub, token: str, texts: list[str], stop_at: float, seed: int, deadline: float) -> tuple[int, int]:
     done = failed = 0
     i = seed * HEAVY_TEXTS
     options = pb.DecodingOptions(beam_size=HEAVY_BEAM)
@@ -60,7 +61,7 @@ async def heavy(stub, token: str, texts: list[str], stop_at: float, seed: int) -
         batch = [texts[(i + k) % len(texts)] for k in range(HEAVY_TEXTS)]
         i += HEAVY_TEXTS
         try:
-            await stub.Translate(pb.TranslateRequest(texts=batch, options=options), timeout=HEAVY_DEADLINE,
+            await stub.Translate(pb.TranslateRequest(texts=batch, options=options), timeout=deadline,
                                  metadata=(("authorization", f"Bearer {token}"),))
             done += len(batch)
         except grpc.aio.AioRpcError as e:
@@ -70,17 +71,29 @@ async def heavy(stub, token: str, texts: list[str], stop_at: float, seed: int) -
     return done, failed
 
 
-async def one_round(address: str, tokens: list[str], short: list[str], long: list[str], seconds: float) -> dict:
+def row_steps(server: ServerProcess) -> float:
+    """Decoder rows x steps the server has run (``nmt_batch_rows_sum``): the engine's work."""
+    found = re.search(r"^nmt_batch_rows_sum ([0-9.e+]+)$", scrape(server.metrics_port), re.M)
+    return float(found.group(1)) if found else 0.0
+
+
+async def one_round(server: ServerProcess, tokens: list[str], short: list[str], long: list[str], seconds: float,
+                    deadline: float) -> dict:
+    address = server.address
     async with grpc.aio.insecure_channel(address) as channel:
         stub = pb_grpc.TranslatorStub(channel)
         await light(stub, tokens[0], short, time.perf_counter() + 2)  # warm-up
         alone = await light(stub, tokens[0], short, time.perf_counter() + seconds / 3)
         stop_at = time.perf_counter() + seconds
-        heavy_tasks = [asyncio.create_task(heavy(stub, tokens[1 + k], long, stop_at, k)) for k in range(HEAVY_CLIENTS)]
+        work = row_steps(server)
+        heavy_tasks = [asyncio.create_task(heavy(stub, tokens[1 + k], long, stop_at, k, deadline))
+                       for k in range(HEAVY_CLIENTS)]
         await asyncio.sleep(2)  # the heavy clients fill the server first
         loaded = await light(stub, tokens[0], short, stop_at)
         results = await asyncio.gather(*heavy_tasks)
+        work = row_steps(server) - work
     return {"alone": percentiles(alone), "loaded": percentiles(loaded), "light_requests": len(loaded),
+            "row_steps_per_s": work / seconds,
             "heavy_texts_per_s": sum(d for d, _ in results) / seconds,
             "heavy_deadline_failures": sum(f for _, f in results)}
 
@@ -91,6 +104,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--texts", type=Path, default=ROOT / "build/corpus-v2/test.jsonl")
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--seconds", type=float, default=30)
+    p.add_argument("--heavy-deadline", type=float, default=2.0, help="the heavy requests' deadline, seconds")
     p.add_argument("--out", type=Path, default=ROOT / "loadtest" / "results" / "bench_fairness")
     args = p.parse_args(argv)
     pairs = [json.loads(line)["src_raw"] for line in args.texts.read_text().splitlines() if line.strip()]
@@ -107,7 +121,8 @@ def main(argv: list[str] | None = None) -> int:
                                        "--auth-token-file", str(token_file), "--max-texts", str(HEAVY_TEXTS),
                                        "--max-beam", str(HEAVY_BEAM))
                 try:
-                    rows[setting].append(asyncio.run(one_round(server.address, tokens, short, long, args.seconds)))
+                    rows[setting].append(asyncio.run(one_round(server, tokens, short, long, args.seconds,
+                                                               args.heavy_deadline)))
                 finally:
                     server.stop()
                 print(setting, rows[setting][-1], flush=True)
@@ -125,7 +140,7 @@ def report(args, rows: dict[str, list[dict]], argv) -> None:
         return statistics.median(values)
     result = {s: {"light_alone_p50_ms": med(s, "alone", "p50_ms"), "light_alone_p99_ms": med(s, "alone", "p99_ms"),
                   "light_loaded_p50_ms": med(s, "loaded", "p50_ms"), "light_loaded_p99_ms": med(s, "loaded", "p99_ms"),
-                  "heavy_texts_per_s": med(s, "heavy_texts_per_s"),
+                  "heavy_texts_per_s": med(s, "heavy_texts_per_s"), "row_steps_per_s": med(s, "row_steps_per_s"),
                   "heavy_deadline_failures": med(s, "heavy_deadline_failures")} for s in rows}
     machine = {"cpu": f"{platform.machine()}, {os.cpu_count()} CPUs", "flags": reported_flags()}
     args.out.parent.mkdir(parents=True, exist_ok=True)
@@ -135,17 +150,19 @@ def report(args, rows: dict[str, list[dict]], argv) -> None:
              f"`python loadtest/bench_fairness.py {' '.join(argv if argv is not None else sys.argv[1:])}`; "
              f"{machine['cpu']}, CPU flags {', '.join(machine['flags']) or 'none'}; {args.rounds} alternating "
              f"rounds of {args.seconds:.0f} s, medians. Heavy: {HEAVY_CLIENTS} clients looping {HEAVY_TEXTS} texts x "
-             f"beam {HEAVY_BEAM}, {HEAVY_DEADLINE:.0f} s deadline; light: one text, greedy, one after the other.", "",
+             f"beam {HEAVY_BEAM}, {args.heavy_deadline:.0f} s deadline; light: one text, greedy, one after the other. "
+             "Row-steps/s: decoder rows x steps the engine ran (everyone's), whether or not a deadline "
+             "later threw the work away.", "",
              "| --fairness | light alone p50 / p99 ms | light loaded p50 / p99 ms | loaded p99 / alone p99 | "
-             "heavy texts/s | heavy deadline failures |", "|---|---|---|---:|---:|---:|"]
+             "heavy texts/s | heavy deadline failures | row-steps/s |", "|---|---|---|---:|---:|---:|---:|"]
     for s, r in result.items():
         lines.append(f"| {s} | {r['light_alone_p50_ms']:.0f} / {r['light_alone_p99_ms']:.0f} | "
                      f"{r['light_loaded_p50_ms']:.0f} / {r['light_loaded_p99_ms']:.0f} | "
                      f"{r['light_loaded_p99_ms'] / r['light_alone_p99_ms']:.1f}x | {r['heavy_texts_per_s']:.1f} | "
-                     f"{r['heavy_deadline_failures']:.0f} |")
-    if result["off"]["heavy_texts_per_s"]:
-        lines += ["", f"Heavy throughput with fairness: {result['on']['heavy_texts_per_s'] / result['off']['heavy_texts_per_s']:.2f}x "
-                  "of without."]
+                     f"{r['heavy_deadline_failures']:.0f} | {r['row_steps_per_s']:.0f} |")
+    ratios = [f"{key}: {result['on'][key] / result['off'][key]:.2f}x" for key in ("heavy_texts_per_s", "row_steps_per_s")
+              if result["off"][key]]
+    lines += ["", f"With fairness against without: {', '.join(ratios)}."]
     args.out.with_suffix(".md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 

@@ -34,6 +34,7 @@ class SchedulerConfig:
     max_wait: float = 0.002  # seconds a queued text may wait for others to share its encoder run
     max_queued_work: int = 200_000  # estimated rows x steps, queued or decoding
     step_level: bool = True  # False (Batching.REQUEST): a batch starts once the running one is empty
+    small_rows: int = 0  # a request of at most this many rows decodes in the small lane (0: one lane)
 
 
 @dataclass(frozen=True)
@@ -80,6 +81,11 @@ class ServeConfig:
     shortlist: Shortlist = Shortlist.OFF  # project each step onto the texts' candidate pieces
     trust_client_id: bool = False  # fairness: the x-client-id header names the client (else token / peer)
     fairness: bool = True  # rows shared between clients (off: one arrival-ordered queue)
+
+
+SMALL_REQUEST_ROWS = 8
+"""With --fairness on, a request of at most this many decoder rows (texts x beam size) decodes in
+the small lane (``service.scheduling.lanes``)."""
 
 
 class ConfigError(ValueError):
@@ -245,7 +251,8 @@ def parse(argv: list[str], env: Mapping[str, str] | None = None) -> ServeConfig:
         scheduler=SchedulerConfig(max_rows=args.max_rows, max_tokens=args.max_tokens,
                                   max_wait=args.max_wait_ms / 1000,
                                   max_queued_work=args.max_queued_work,
-                                  step_level=args.batching is Batching.STEP),
+                                  step_level=args.batching is Batching.STEP,
+                                  small_rows=SMALL_REQUEST_ROWS if args.fairness is Switch.ON else 0),
         limits=Limits(max_beam_size=args.max_beam, max_texts=args.max_texts,
                       max_text_chars=args.max_text_chars),
         max_message_bytes=args.max_message_bytes, grace_period=args.grace_period,

@@ -116,3 +116,44 @@ def test_a_crowd_of_clients_adds_up_under_other() -> None:
     shown = _series(metrics, "nmt_client_rows")
     assert len(shown) == MAX_CLIENTS + 1 and shown["other"] == sum(range(1, 6))
     assert ClientGauges.of(metrics) is gauges
+
+
+def test_a_small_request_decodes_in_its_own_lane_with_its_own_rows() -> None:
+    state = SchedulerState(config(max_rows=8, small_rows=2))
+    state.submit(0, [prep(beam=4), prep(beam=4), prep(beam=4)], now=0.0, deadline=None, client="heavy")
+    assert added(state, 0.0) == [(0, 0), (0, 1)]  # the bulk lane's 8 rows are full
+    state.submit(1, [prep()], now=1.0, deadline=None, client="light")
+    cycle = state.take(1.0)
+    assert [key for key, _ in cycle.add] == [(1, 0)] and cycle.lanes == ("small",)
+    assert state.lane_weights() == {"bulk": 1, "small": 1}
+
+
+class _TimedBatch:
+    """A batch whose step takes ``cost`` seconds of a fake clock, and never finishes a text."""
+
+    def __init__(self, clock: list[float], cost: float) -> None:
+        self.clock, self.cost, self.live_rows = clock, cost, 0
+
+    def add(self, items) -> None:
+        self.live_rows += len(items)
+
+    def step(self) -> list:
+        self.clock[0] += self.cost
+        return []
+
+
+def test_lanes_share_the_engine_by_their_clients() -> None:
+    from service.scheduling.lanes import BULK, SMALL, Lanes
+
+    clock = [0.0]
+    costs = iter([0.012, 0.001])  # the bulk lane's batch is made first
+    lanes = Lanes(lambda: _TimedBatch(clock, next(costs)), clock=lambda: clock[0])
+    lanes.add(BULK, [((0, 0), None)])
+    lanes.add(SMALL, [((1, 0), None)])
+    order = []
+    for _ in range(20):
+        lane = lanes.next_lane({BULK: 3, SMALL: 1})
+        lanes.step(lane, {BULK: 3, SMALL: 1}[lane])
+        order.append(lane)
+    assert order.count(SMALL) / order.count(BULK) == pytest.approx(4, abs=1)  # 1 ms steps: 4 per 12 ms / 3
+    assert lanes.next_lane({}) is not None

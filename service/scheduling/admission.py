@@ -9,15 +9,19 @@ control, and decides each cycle's removals and additions within the row and
 token budgets. ``service.scheduling.scheduler.Scheduler`` drives it from the
 event loop.
 
-Fairness between clients (a token's identity, else the peer address): free rows
-go to the client with the fewest rows decoding (rows this cycle's choices
-included), its oldest text first, then its texts of that text's length bucket
-(less padding). So a client's heavy requests join in turns with everyone
-else's, a newcomer's text joins at the next rows that free up, ahead of any
-backlog, and when the chosen client's oldest text does not fit, the rows are
-kept for it (no one overtakes it: nobody starves). This is max-min fairness on
-decoder rows, which deficit round robin with a quantum of one row approaches;
-with one client it is the old order: oldest text first, then its length bucket.
+Fairness between clients (a token's identity, else the peer address): each
+client with work is owed an equal share of the rows (``max_rows`` over the
+clients queued or decoding). Clients below their share go first, the one with
+the fewest rows decoding first (rows this cycle's choices included; the least
+recently served among equals), its oldest text first, then its texts of that
+text's length bucket (less padding); clients at or above their share then take
+what is left oldest text first, so that heavy requests finish one after another
+instead of all late together. So a newcomer's text joins at the next rows that
+free up, ahead of any backlog, and no client's backlog pushes others out; when
+a client's oldest text does not fit, its lane's rows are kept for it (nobody
+starves). Small requests decode in a lane of their own, with its own budgets
+(``service.scheduling.lanes``). With one client it is the old order: oldest
+text first, then its length bucket.
 """
 
 from __future__ import annotations
@@ -54,6 +58,7 @@ class Entry:
     deadline: float | None  # clock() after which the request fails
     stream: bool = False  # the request wants the agreed prefix after every step
     client: str = ""  # who sent it (fairness): a token's identity, else the peer address
+    lane: str = "bulk"  # the batch it decodes in (``service.scheduling.lanes``)
 
 
 @dataclass(frozen=True)
@@ -63,6 +68,7 @@ class Cycle:
     remove: tuple[Key, ...] = ()  # rows to drop (cancelled, deadline passed)
     add: tuple[tuple[Key, Prepared], ...] = ()  # texts to encode, longest first
     waited: tuple[float, ...] = ()  # queue wait of each added text, seconds
+    lanes: tuple[str, ...] = ()  # the lane of each added text
 
 
 class SchedulerState:
@@ -94,7 +100,9 @@ class SchedulerState:
             raise overloaded(total=self.work + work, work=work, limit=limit)
         self.work += work
         self.client_work[client] += work
-        self.queue += [Entry((request_id, i), p, now, deadline, stream, client) for i, p in enumerate(prepared)]
+        small = 0 < sum(p.rows for p in prepared) <= self.config.small_rows
+        lane = "small" if small else "bulk"
+        self.queue += [Entry((request_id, i), p, now, deadline, stream, client, lane) for i, p in enumerate(prepared)]
 
     def refuse_if_full(self, least: int) -> None:
         """RESOURCE_EXHAUSTED before a request is tokenized when even its least work (each of its
@@ -179,38 +187,62 @@ class SchedulerState:
             self._unqueue(e)
         chosen.sort(key=lambda e: -len(e.prepared.source_ids))
         return Cycle(remove=remove, add=tuple((e.key, e.prepared) for e in chosen),
-                     waited=tuple(now - e.arrived for e in chosen))
+                     waited=tuple(now - e.arrived for e in chosen), lanes=tuple(e.lane for e in chosen))
+
+    def lane_weights(self) -> dict[str, int]:
+        """Clients decoding in each lane: its share of the engine (``service.scheduling.lanes``)."""
+        clients: dict[str, set[str]] = {}
+        for e in self.running.values():
+            clients.setdefault(e.lane, set()).add(e.client)
+        return {lane: len(c) for lane, c in clients.items()}
 
     def _choose(self, now: float) -> list[Entry]:
+        """The queued texts that join now: by client (fewest rows first), within each lane's row
+        and token budgets (each lane has its own: a small request never waits for a heavy text
+        to free rows). A client's oldest text that does not fit closes its lane for this cycle:
+        nobody overtakes it there."""
         if not self.queue or (self.running and not self.config.step_level):
             return []
-        idle, rows = not self.running, self.running_rows
-        if self._should_wait(now, idle=idle, free_rows=self.config.max_rows - rows):
+        idle = not self.running
+        rows: Counter[str] = Counter()
+        longest: Counter[str] = Counter()
+        for e in self.running.values():
+            rows[e.lane] += e.prepared.rows
+            longest[e.lane] = max(longest[e.lane], len(e.prepared.source_ids))
+        free = self.config.max_rows - min(rows.get(e.lane, 0) for e in self.queue)
+        if free <= 0 or self._should_wait(now, idle=idle, free_rows=free):
             return []
-        if rows >= self.config.max_rows:
-            return []
-        longest = max((len(e.prepared.source_ids) for e in self.running.values()), default=0)
         orders, heads = self._client_orders()
         load = Counter({c: self.client_rows.get(c, 0) for c in orders})
         chosen: list[Entry] = []
+        closed: set[str] = set()
+        share = self.config.max_rows / max(1, len(set(orders) | set(self.client_rows)))
+
+        def turn(c: str) -> tuple:
+            """Below its share of rows: fewest rows first (the least recently served among equals);
+            at or above it: the oldest text first, so that heavy requests finish one after another
+            rather than all late together."""
+            if load[c] < share:
+                return (0, load[c], self.served_at.get(c, -1), heads[c].arrived)
+            return (1, heads[c].arrived, 0, 0.0)
         while orders:
-            # fewest rows; among equals, the least recently served, then the oldest text
-            client = min(orders, key=lambda c: (load[c], self.served_at.get(c, -1), heads[c].arrived))
+            client = min(orders, key=turn)
             e = orders[client].pop()
             if not orders[client]:
                 del orders[client]
-            length = len(e.prepared.source_ids)
-            new_rows, new_longest = rows + e.prepared.rows, max(longest, length)
+            if e.lane in closed:
+                continue
+            new_rows, new_longest = rows[e.lane] + e.prepared.rows, max(longest[e.lane], len(e.prepared.source_ids))
             fits = new_rows <= self.config.max_rows and new_rows * new_longest <= self.config.max_tokens
             if not fits and not (idle and not chosen):  # the first text of a batch always fits
                 if e is heads[client]:
-                    break  # keep the rows for this client's oldest text rather than starve it
+                    closed.add(e.lane)  # keep the rows for this client's oldest text rather than starve it
                 continue
             chosen.append(e)
             load[client] += e.prepared.rows
             self._admissions += 1
             self.served_at[client] = self._admissions
-            rows, longest = new_rows, new_longest
+            rows[e.lane], longest[e.lane] = new_rows, new_longest
         return chosen
 
     def _client_orders(self) -> tuple[dict[str, list[Entry]], dict[str, Entry]]:

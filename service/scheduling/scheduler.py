@@ -34,9 +34,10 @@ from typing import AsyncIterator, Callable, Sequence
 
 from service.config import SchedulerConfig
 from service.errors import ErrorKind, NmtError
-from service.interface import DecodeBatch, Decoded, Engine, Event, Final, Key, Partial, Prepared, Translation
+from service.interface import Decoded, Engine, Event, Final, Key, Partial, Prepared, Translation
 from service.metrics import Metrics
 from service.scheduling.admission import SchedulerState
+from service.scheduling.lanes import Lanes, change, step
 from service.scheduling.client_metrics import ClientGauges
 
 
@@ -155,7 +156,7 @@ class Scheduler:
     def _engine_loop(self) -> None:
         """Decide (under the lock), then remove, add and step, and again: never waits for
         the event loop, which only hears of finished texts, partials and failures."""
-        batch: DecodeBatch | None = None
+        lanes: Lanes | None = None
         while not self._closing:
             with self._lock:
                 self._wake.clear()  # a submit or cancel after this sets it again
@@ -166,6 +167,7 @@ class Scheduler:
                 cycle = self.state.take(now)
                 busy = bool(cycle.add or cycle.remove or self.state.running)
                 streaming = [k for k, e in self.state.running.items() if e.stream]
+                weights = self.state.lane_weights()
                 wake_at = None if busy else self.state.next_wake(now)
                 self._observe_queue()
             if expired:
@@ -175,18 +177,12 @@ class Scheduler:
                 self._wake.wait(None if wake_at is None else max(0.0, wake_at - now))
                 continue
             try:
-                if batch is None:
-                    batch = self._engine.new_batch()
-                if cycle.remove:
-                    batch.remove(list(cycle.remove))
-                if cycle.add:
-                    for waited in cycle.waited:
-                        self._metrics.queue_wait.observe(waited)
-                    with self._metrics.encode_duration.time():
-                        batch.add(list(cycle.add))
-                outcome = self._step(batch, streaming)
+                if lanes is None:
+                    lanes = Lanes(self._engine.new_batch)
+                change(lanes, cycle, self._metrics)
+                outcome = _Outcome(*step(lanes, weights, streaming, self._metrics))
             except Exception as e:  # a runtime failure: fail what was decoding, start afresh
-                batch = None
+                lanes = None
                 error = e if isinstance(e, NmtError) else NmtError(
                     ErrorKind.INTERNAL, f"decoding failed: {type(e).__name__}: {e}")
                 with self._lock:
@@ -200,19 +196,6 @@ class Scheduler:
                         self.state.finish(key)
                     self._observe_queue()
                 self._post(self._deliver, outcome)
-
-    def _step(self, batch: DecodeBatch, streaming: list[Key]) -> _Outcome:
-        """One decoder step on the live rows (if any); metrics observed here."""
-        m = self._metrics
-        finished: list[tuple[Key, Decoded]] = []
-        if batch.live_rows:
-            rows, (real, padded) = batch.live_rows, batch.padded_tokens
-            with m.decode_duration.time():
-                finished = batch.step()
-            m.batch_rows.observe(rows)
-            m.padding_ratio.observe((padded - real) / padded if padded else 0.0)
-        done = {key for key, _ in finished}
-        return _Outcome(finished, {k: batch.prefix(k) for k in streaming if k not in done})
 
     def _post(self, callback: Callable[..., None], *args: object) -> None:
         assert self._loop is not None
