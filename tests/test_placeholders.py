@@ -54,3 +54,20 @@ def test_reserved_tokens_are_distinct() -> None:
     prot = ph.protect(many)
     assert len(prot.placeholders) == ph.MAX_PLACEHOLDERS
     assert ph.restore(prot.text, prot.placeholders) == many
+
+
+def test_characters_the_vocabulary_lacks_are_protected_like_placeholders() -> None:
+    unknown = {"😀", "👍", "🇫", "🇷", "☃"}.__contains__
+    protected = ph.protect("Delete 😀 files 👍🏽 now 🇫🇷 and %s ☃", unknown)
+    assert protected.text == "Delete ｟0｠ files ｟1｠ now ｟2｠ and ｟3｠ ｟4｠"
+    assert protected.placeholders == ("😀", "👍🏽", "🇫🇷", "%s", "☃")  # the skin tone rides with its emoji
+    assert ph.restore("Supprimer ｟0｠ fichiers ｟1｠ maintenant ｟2｠ et ｟3｠ ｟4｠", protected.placeholders) == (
+        "Supprimer 😀 fichiers 👍🏽 maintenant 🇫🇷 et %s ☃")
+    assert ph.protect("Delete 😀", None).text == "Delete 😀"  # without a vocabulary: as before
+
+
+def test_the_engine_keeps_characters_it_has_no_piece_for(reversal_engine) -> None:
+    translation = reversal_engine.translate(["1 😀 2 👍🏽 3"])[0]
+    assert "｟0｠" in translation.source_tokens and "<unk>" not in translation.source_tokens
+    text = translation.hypotheses[0].text
+    assert "😀" in text and "👍🏽" in text

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import Callable
 
 from service.errors import invalid
 
@@ -77,8 +78,11 @@ class Protected:
     placeholders: tuple[str, ...]  # placeholder k, verbatim from the source
 
 
-def protect(text: str) -> Protected:
-    """Replace each placeholder of a source message by ``｟k｠``.
+def protect(text: str, unknown: Callable[[str], bool] | None = None) -> Protected:
+    """Replace each placeholder of a source message by ``｟k｠``; with ``unknown`` (is this
+    character one the source vocabulary has no piece for?), each run of such characters too
+    (an emoji with its modifiers, a flag, a rare symbol), so that it survives translation in
+    place instead of vanishing as ``<unk>``.
 
     Messages with more than ``MAX_PLACEHOLDERS`` placeholders keep the ones past
     the limit verbatim (they are then ordinary text): the server refuses such texts
@@ -86,13 +90,43 @@ def protect(text: str) -> Protected:
     """
     found: list[str] = []
 
-    def repl(m: re.Match[str]) -> str:
+    def repl(value: str) -> str:
         if len(found) >= MAX_PLACEHOLDERS:
-            return m.group(0)
-        found.append(m.group(0))
+            return value
+        found.append(value)
         return token(len(found) - 1)
 
-    return Protected(text=_PATTERN.sub(repl, text), placeholders=tuple(found))
+    out, at = [], 0
+    for m in _PATTERN.finditer(text):
+        out += [_unknown_runs(text[at:m.start()], unknown, repl), repl(m.group(0))]
+        at = m.end()
+    out.append(_unknown_runs(text[at:], unknown, repl))
+    return Protected(text="".join(out), placeholders=tuple(found))
+
+
+_JOINERS = re.compile("[\u200d\ufe0e\ufe0f\U0001f3fb-\U0001f3ff\U000e0020-\U000e007f]")
+"""Characters that belong to the one before them (zero-width joiner, variation selectors, skin
+tones, tag characters): kept in the same run as an unknown character."""
+
+
+def _unknown_runs(segment: str, unknown: Callable[[str], bool] | None, repl: Callable[[str], str]) -> str:
+    """``segment`` with each run of unknown characters (and their joiners) replaced by ``repl``."""
+    if unknown is None or not segment:
+        return segment
+    out, run = [], ""
+    for ch in segment:
+        if run and _JOINERS.match(ch):
+            run += ch
+        elif not ch.isspace() and unknown(ch):
+            run += ch
+        else:
+            if run:
+                out.append(repl(run))
+                run = ""
+            out.append(ch)
+    if run:
+        out.append(repl(run))
+    return "".join(out)
 
 
 def protect_target(text: str, placeholders: tuple[str, ...]) -> str | None:

@@ -32,9 +32,17 @@ class Tokenizer:
         self.special = special
         self.source = _load(source_model, special)
         self.target = _load(target_model, special)
+        self._unknown: dict[str, bool] = {}  # character -> the source vocabulary has no piece for it
+
+    def unknown(self, ch: str) -> bool:
+        """Whether the source model can only read ``ch`` as ``<unk>`` (cached per character)."""
+        known = self._unknown.get(ch)
+        if known is None:
+            known = self._unknown[ch] = self.special.unk in self.source.encode(ch)
+        return known
 
     def encode(self, text: str) -> Encoded:
-        protected = placeholders.protect(text)
+        protected = placeholders.protect(text, self.unknown)
         ids = self.source.encode(protected.text) + [self.special.eos]
         return Encoded(ids=ids, pieces=[self.source.id_to_piece(i) for i in ids],
                        placeholders=protected.placeholders)
