@@ -53,6 +53,14 @@ class SecurityConfig:
 
 
 @dataclass(frozen=True)
+class HttpLimits:
+    """The HTTP port's connection limits (service.api.http_limits), like those gRPC core keeps."""
+    header_timeout: float = 10.0  # seconds to a request's whole headers, from its first byte or connect (0: none)
+    idle_timeout: float = 30.0  # seconds a keep-alive connection may idle between requests (0: no keep-alive)
+    max_connections: int = 512  # open at once; more are closed at once (0: no cap but the open-files limit)
+
+
+@dataclass(frozen=True)
 class ServeConfig:
     """Everything ``nmt serve`` needs; validated once, passed whole."""
 
@@ -77,6 +85,7 @@ class ServeConfig:
     model_versions: ModelVersions = ModelVersions.LATEST  # latest: one version per name; all: every one
     security: SecurityConfig = SecurityConfig()  # TLS, mTLS, tokens, reflection
     http_port: int = 0  # HTTP/JSON API and web page (service.api.http_server); 0 = off
+    http_limits: HttpLimits = HttpLimits()  # the HTTP port's timeouts and connection cap
     int8_form: Int8Form = Int8Form.AUTO  # the int8 products' form (auto: from the CPU's flags)
     shortlist: Shortlist = Shortlist.OFF  # project each step onto the texts' candidate pieces
     trust_client_id: bool = False  # fairness: the x-client-id header names the client (else token / peer)
@@ -204,6 +213,11 @@ FLAGS: list[tuple[str, Callable[[str], object], object, str]] = [
     ("--reflection", _choice(Switch), Switch.ON, "gRPC server reflection"),
     # HTTP/JSON beside gRPC (service.api.http_server); its body limit is --max-message-bytes
     ("--http-port", _port, 8080, "HTTP/JSON API and web page port (0 = off)"),
+    ("--http-header-timeout", _seconds, HttpLimits.header_timeout, "seconds an HTTP connection gets to "
+     "send a request's whole headers, from its first byte or the connect (0 = no limit)"),
+    ("--http-idle-timeout", _seconds, HttpLimits.idle_timeout, "seconds an idle keep-alive HTTP connection stays open (0 = no keep-alive)"),
+    ("--http-max-connections", _int_at_least(0), HttpLimits.max_connections, "HTTP connections open at "
+     "once; more are closed at once (0 = no cap but the open-files limit)"),
 ]
 
 
@@ -260,6 +274,8 @@ def parse(argv: list[str], env: Mapping[str, str] | None = None) -> ServeConfig:
         log_level=args.log_level, model_control=args.model_control,
         poll_seconds=max(args.poll_seconds, 0.1), model_versions=args.model_versions,
         security=security(args), http_port=args.http_port,
+        http_limits=HttpLimits(header_timeout=args.http_header_timeout, idle_timeout=args.http_idle_timeout,
+                               max_connections=args.http_max_connections),
         trust_client_id=args.trust_client_id is Switch.ON, fairness=args.fairness is Switch.ON)
 
 

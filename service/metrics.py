@@ -81,6 +81,11 @@ class Metrics:
         self.model_load_failures = Counter("nmt_model_load_failures_total",
                                            "Model versions refused at a rescan (checksum, graphs, warm-up)",
                                            ["name"], registry=r)
+        # the HTTP port's connections (service.api.http_limits; --http-max-connections)
+        self.http_connections_open = Gauge("nmt_http_connections_open", "HTTP connections open", registry=r)
+        self.http_connections_refused = Counter("nmt_http_connections_refused_total",
+                                                "HTTP connections closed at accept: the cap was reached",
+                                                registry=r)
         self._model_labels: dict[tuple[str, str], tuple[str, ...]] = {}
 
     def set_model(self, **labels: str) -> None:

@@ -42,6 +42,7 @@ from service.api import convert
 from service.api.auth import Authorize, allow_all
 from service.api.frontend import OK, Admitted, Frontend, status
 from service.api.http_errors import JsonErrorsRunner
+from service.api.http_limits import HttpLimits, LimitedSite
 from service.api.http_json import BodyError, parse_request, sse, to_json
 from service.api.libretranslate import LibreTranslate
 from service.errors import ErrorKind, NmtError, invalid
@@ -98,8 +99,9 @@ def request_timeout(headers: Mapping[str, str]) -> float | None:
 class HttpServer:
     """The HTTP transport over one front door: routes, the error mapping, metrics, draining."""
 
-    def __init__(self, frontend: Frontend, *, max_body: int, authorize: Authorize = allow_all) -> None:
-        self.frontend, self.authorize, self.max_body = frontend, authorize, max_body
+    def __init__(self, frontend: Frontend, *, max_body: int, authorize: Authorize = allow_all,
+                 limits: HttpLimits = HttpLimits()) -> None:
+        self.frontend, self.authorize, self.max_body, self.limits = frontend, authorize, max_body, limits
         self.runner: web.AppRunner | None = None
         self.port = 0
         self.draining = False
@@ -127,7 +129,8 @@ class HttpServer:
         self.runner = JsonErrorsRunner(self.routes(), handler_cancellation=True, access_log=None,
                                     shutdown_timeout=0.1)
         await self.runner.setup()
-        site = web.TCPSite(self.runner, host, port, ssl_context=ssl_context, reuse_port=False)
+        site = LimitedSite(self.runner, host, port, ssl_context=ssl_context, limits=self.limits,
+                           metrics=self.frontend.metrics)
         await site.start()
         self.port = self.runner.addresses[0][1]
 

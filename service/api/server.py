@@ -44,7 +44,7 @@ class App:
         self.grpc = GrpcServer(self.frontend, config=config, tls=tls, tokens=tokens)
         # HTTP/JSON beside gRPC (--http-port; 0 = off), with the same TLS files and tokens
         self.http = HttpServer(self.frontend, max_body=config.max_message_bytes,
-                               authorize=authorizer(tokens))
+                               authorize=authorizer(tokens), limits=config.http_limits)
         self.http_tls = tls_context(security)
         self.metrics_server: MetricsServer | None = None
         self._tasks: set[asyncio.Task] = set()  # the poller and SIGHUP rescans
