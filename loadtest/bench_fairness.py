@@ -42,6 +42,11 @@ from service_load import percentiles  # noqa: E402
 HEAVY_CLIENTS, HEAVY_TEXTS, HEAVY_BEAM = 3, 64, 16
 
 
+LIGHT_INTERVAL = 0.2
+"""The light client sends a request every 200 ms (or when the last is answered, if later): the
+same demand with and without fairness, so that the heavy clients' throughput compares."""
+
+
 async def light(stub, token: str, texts: list[str], stop_at: float) -> list[float]:
     latencies, i = [], 0
     while time.perf_counter() < stop_at:
@@ -50,6 +55,7 @@ async def light(stub, token: str, texts: list[str], stop_at: float) -> list[floa
                              metadata=(("authorization", f"Bearer {token}"),))
         latencies.append(time.perf_counter() - start)
         i += 1
+        await asyncio.sleep(max(0.0, start + LIGHT_INTERVAL - time.perf_counter()))
     return latencies
 
 
@@ -150,7 +156,7 @@ def report(args, rows: dict[str, list[dict]], argv) -> None:
              f"`python loadtest/bench_fairness.py {' '.join(argv if argv is not None else sys.argv[1:])}`; "
              f"{machine['cpu']}, CPU flags {', '.join(machine['flags']) or 'none'}; {args.rounds} alternating "
              f"rounds of {args.seconds:.0f} s, medians. Heavy: {HEAVY_CLIENTS} clients looping {HEAVY_TEXTS} texts x "
-             f"beam {HEAVY_BEAM}, {args.heavy_deadline:.0f} s deadline; light: one text, greedy, one after the other. "
+             f"beam {HEAVY_BEAM}, {args.heavy_deadline:.0f} s deadline; light: one text, greedy, every {LIGHT_INTERVAL * 1000:.0f} ms (or when answered, if later). "
              "Row-steps/s: decoder rows x steps the engine ran (everyone's), whether or not a deadline "
              "later threw the work away.", "",
              "| --fairness | light alone p50 / p99 ms | light loaded p50 / p99 ms | loaded p99 / alone p99 | "

@@ -36,6 +36,9 @@ from service.errors import ErrorKind, NmtError, invalid
 from service.interface import Key, Prepared
 
 BUCKET_TOKENS = 8
+BULK_TEXTS_WHILE_SHARED = 2
+"""While small requests decode or wait, at most this many bulk texts join per cycle: one long
+encoder run of eight heavy texts would hold up every small request's next step."""
 """Sources whose lengths fall in the same 8-piece bucket are batched together first."""
 
 
@@ -216,6 +219,8 @@ class SchedulerState:
         load = Counter({c: self.client_rows.get(c, 0) for c in orders})
         chosen: list[Entry] = []
         closed: set[str] = set()
+        shared = rows["small"] > 0 or any(e.lane == "small" for e in self.queue)
+        bulk_added = 0
         share = self.config.max_rows / max(1, len(set(orders) | set(self.client_rows)))
 
         def turn(c: str) -> tuple:
@@ -232,6 +237,8 @@ class SchedulerState:
                 del orders[client]
             if e.lane in closed:
                 continue
+            if e.lane == "bulk" and shared and bulk_added >= BULK_TEXTS_WHILE_SHARED:
+                continue  # one short encoder run at a time while small requests wait for steps
             new_rows, new_longest = rows[e.lane] + e.prepared.rows, max(longest[e.lane], len(e.prepared.source_ids))
             fits = new_rows <= self.config.max_rows and new_rows * new_longest <= self.config.max_tokens
             if not fits and not (idle and not chosen):  # the first text of a batch always fits
@@ -239,6 +246,7 @@ class SchedulerState:
                     closed.add(e.lane)  # keep the rows for this client's oldest text rather than starve it
                 continue
             chosen.append(e)
+            bulk_added += e.lane == "bulk"
             load[client] += e.prepared.rows
             self._admissions += 1
             self.served_at[client] = self._admissions
