@@ -6,18 +6,24 @@ may be a client's ``Authorization`` header (``Bearer <token>\\x00``). Here they 
 transport's JSON error body and the closest status (414 for a request line too long, 431 for
 a header too long or too many), one log line without the request's bytes, and never an echo
 of them.
+
+The routes' errors are JSON the same way: ``HttpError`` (a refusal before the front door, with
+its own HTTP status), ``error_body``/``error_response`` (any ``NmtError``, by its kind's
+status; ``WWW-Authenticate: Bearer`` on a 401) and ``route_error`` (no such path, a method
+not allowed).
 """
 
 from __future__ import annotations
 
 import json
 import logging
+from typing import Mapping
 
 from aiohttp import web, web_protocol
 from aiohttp.http_exceptions import BadHttpMessage, HttpProcessingError, LineTooLong
 
 from service.api.frontend import status as kind_status
-from service.errors import ErrorKind
+from service.errors import ErrorKind, NmtError
 
 log = logging.getLogger("nmt.http")
 
@@ -47,6 +53,43 @@ def json_error(status: int, message: str) -> web.Response:
     response = web.Response(status=status, body=body, content_type="application/json")
     response.force_close()
     return response
+
+
+class HttpError(NmtError):
+    """A refusal before the request reaches the front door (body, content type, route), with
+    an HTTP status of its own where HTTP has a closer one than its kind's (413, 415, 405)."""
+
+    def __init__(self, kind: ErrorKind, message: str, *, http_status: int | None = None) -> None:
+        super().__init__(kind, message)
+        self.http_status = kind_status(kind).http if http_status is None else http_status
+
+
+def error_body(error: NmtError, *, ensure_ascii: bool = False) -> bytes:
+    """``{"code": "<its kind's gRPC code name>", "message": ...}``."""
+    return json.dumps({"code": kind_status(error.kind).name, "message": error.message},
+                      ensure_ascii=ensure_ascii).encode()
+
+
+def error_response(error: NmtError, headers: Mapping[str, str] | None = None) -> web.Response:
+    http_status = error.http_status if isinstance(error, HttpError) else kind_status(error.kind).http
+    if error.kind is ErrorKind.UNAUTHENTICATED:  # RFC 6750: the scheme the client must use
+        headers = {**(headers or {}), "WWW-Authenticate": "Bearer"}
+    return web.Response(status=http_status, body=error_body(error), content_type="application/json",
+                        headers=headers)
+
+
+def route_error(request: web.Request, e: web.HTTPException) -> web.Response:
+    """aiohttp's routing refusals (no such path, a method not allowed) as JSON errors."""
+    where = f"{request.method} {request.path}"
+    if isinstance(e, web.HTTPMethodNotAllowed):
+        allowed = ", ".join(sorted(e.allowed_methods))
+        return error_response(HttpError(ErrorKind.UNIMPLEMENTED, f"{where}: method not allowed "
+                                        f"(allowed: {allowed})", http_status=405),
+                              headers={"Allow": allowed})
+    if isinstance(e, web.HTTPNotFound):
+        return error_response(NmtError(ErrorKind.NOT_FOUND, f"{where}: no such path"))
+    return error_response(HttpError(ErrorKind.INVALID_ARGUMENT, f"{where}: {e.reason}",
+                                    http_status=e.status))
 
 
 class JsonErrorsHandler(web_protocol.RequestHandler):

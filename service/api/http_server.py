@@ -14,7 +14,8 @@ the HTTP status ``frontend.STATUS`` gives the error's kind.
 - ``GET /v1/models``: ``ListModelsResponse``; ``GET /healthz`` (alive), ``GET /readyz``
   (200 when health says SERVING, else 503)
 - ``GET /``: the web page (``service/api/web/``), ``GET /web/<file>``: its files, by name
-- errors before any route (the parser's): JSON too, ``service/api/http_errors.py``
+- errors before any route (the parser's): JSON too; the error bodies and ``HttpError``:
+  ``service/api/http_errors.py``
 - LibreTranslate's API (``/translate``, ``/languages``, ``/detect``, ``/frontend/settings``):
   ``service/api/libretranslate.py``, its own errors (``{"error": ...}``) and key check (``api_key``)
 
@@ -28,7 +29,6 @@ without tokens. TLS: ``ssl_context`` of ``HttpServer.start``, from the same file
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import math
 import ssl
@@ -41,7 +41,7 @@ from aiohttp.web_protocol import RequestPayloadError
 from service.api import convert
 from service.api.auth import Authorize, allow_all
 from service.api.frontend import OK, Admitted, Frontend, status
-from service.api.http_errors import JsonErrorsRunner
+from service.api.http_errors import HttpError, JsonErrorsRunner, error_body, error_response, route_error
 from service.api.http_limits import HttpLimits, LimitedSite
 from service.api.http_json import BodyError, parse_request, sse, to_json
 from service.api.libretranslate import LibreTranslate
@@ -57,29 +57,6 @@ RETRY_AFTER_SECONDS = 1
 STREAM_KEY = web.RequestKey("nmt.stream", web.StreamResponse)
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-
-
-class HttpError(NmtError):
-    """A refusal before the request reaches the front door (body, content type, route), with
-    an HTTP status of its own where HTTP has a closer one than its kind's (413, 415, 405)."""
-
-    def __init__(self, kind: ErrorKind, message: str, *, http_status: int | None = None) -> None:
-        super().__init__(kind, message)
-        self.http_status = status(kind).http if http_status is None else http_status
-
-
-def error_body(error: NmtError, *, ensure_ascii: bool = False) -> bytes:
-    """``{"code": "<its kind's gRPC code name>", "message": ...}``."""
-    return json.dumps({"code": status(error.kind).name, "message": error.message},
-                      ensure_ascii=ensure_ascii).encode()
-
-
-def error_response(error: NmtError, headers: Mapping[str, str] | None = None) -> web.Response:
-    http_status = error.http_status if isinstance(error, HttpError) else status(error.kind).http
-    if error.kind is ErrorKind.UNAUTHENTICATED:  # RFC 6750: the scheme the client must use
-        headers = {**(headers or {}), "WWW-Authenticate": "Bearer"}
-    return web.Response(status=http_status, body=error_body(error), content_type="application/json",
-                        headers=headers)
 
 
 def request_timeout(headers: Mapping[str, str]) -> float | None:
@@ -157,7 +134,7 @@ class HttpServer:
         except web.HTTPException as e:
             if e.status < 400:
                 raise
-            return self._route_error(request, e)
+            return route_error(request, e)
         finally:
             if task is not None:
                 self.inflight.discard(task)
@@ -179,19 +156,6 @@ class HttpServer:
             await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
             request.writer.output_size = 0  # the answer proper has not started
         return None
-
-    @staticmethod
-    def _route_error(request: web.Request, e: web.HTTPException) -> web.Response:
-        where = f"{request.method} {request.path}"
-        if isinstance(e, web.HTTPMethodNotAllowed):
-            allowed = ", ".join(sorted(e.allowed_methods))
-            return error_response(HttpError(ErrorKind.UNIMPLEMENTED, f"{where}: method not allowed "
-                                            f"(allowed: {allowed})", http_status=405),
-                                  headers={"Allow": allowed})
-        if isinstance(e, web.HTTPNotFound):
-            return error_response(NmtError(ErrorKind.NOT_FOUND, f"{where}: no such path"))
-        return error_response(HttpError(ErrorKind.INVALID_ARGUMENT, f"{where}: {e.reason}",
-                                        http_status=e.status))
 
     def _observed(self, method: str, handler: Handler) -> Handler:
         """``handler`` timed and counted by code; errors answered by their kind's status."""
