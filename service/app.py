@@ -30,7 +30,7 @@ from service.interface import Engine
 from service.metrics import Metrics
 from service.models.checks import check_graphs, check_vocabularies
 from service.models.manifest import Manifest, load_manifest
-from service.models.repository import VersionDir, is_version, latest, scan
+from service.models.repository import Settling, VersionDir, latest, scan, version_key
 from service.options import DecodingOptions
 from service.process import engine_threads, release_memory
 from service.scheduling.scheduler import Scheduler
@@ -104,8 +104,10 @@ def load_engines(config: ServeConfig) -> list[Engine]:
     return [make_engine(config, d, models=len(dirs)) for d in dirs]
 
 
-def version_key(version: str) -> tuple[int, str]:
-    return (int(version), "") if is_version(version) else (-1, version)
+def failure(e: BaseException) -> str:
+    """What went wrong, in one line: our errors by their message, anything else with its type."""
+    known = isinstance(e, (*LOAD_ERRORS, asyncio.TimeoutError)) and str(e)
+    return str(e)[:300] if known else f"{type(e).__name__}: {str(e)[:300]}"
 
 
 class ServedModels:
@@ -116,6 +118,7 @@ class ServedModels:
         self._loaded: dict[str, Model] = {}  # ref -> a version taking requests
         self._attempts: dict[str, tuple] = {}  # ref -> signature of its directory when last tried
         self._reported: dict[str, str] = {}  # directory -> the problem last logged for it
+        self._settling = Settling()  # which new version directories have stopped changing
         self._draining: set[asyncio.Task] = set()
         self._lock = asyncio.Lock()  # one rescan at a time
         for e in engines:
@@ -164,23 +167,28 @@ class ServedModels:
     # -- model control -------------------------------------------------------------------
 
     async def poll(self, seconds: float) -> None:
-        """Rescan every ``seconds`` until cancelled (``--model-control poll``); a rescan's own
-        failure is one log line, and the next poll goes on (the watcher never stops)."""
+        """Rescan every ``seconds`` until cancelled (``--model-control poll``), trying a new
+        version only once its directory has settled (``Settling``); a rescan's own failure is
+        one log line, and the next poll goes on (the watcher never stops)."""
         while True:
             await asyncio.sleep(seconds)
             try:
-                await self.rescan()
+                await self._rescan(settle=True)
             except Exception as e:  # a bug here must not end hot reload for good
-                self._once("rescan", f"rescan failed: {type(e).__name__}: {str(e)[:300]}")
+                self._once("rescan", f"rescan failed: {failure(e)}")
 
     async def rescan(self) -> None:
+        """Look now (SIGHUP): every new version that looks complete is tried at once (the operator
+        says the copy is done); a failure of the rescan itself is one log line."""
+        try:
+            await self._rescan(settle=False)
+        except Exception as e:
+            self._once("rescan", f"rescan failed: {failure(e)}")
+
+    async def _rescan(self, *, settle: bool) -> None:
         """Take new complete versions, retire the ones whose directory is gone."""
         async with self._lock:
-            try:
-                dirs, problems = scan(self.config.model_repository)
-            except ModelRepositoryError as e:
-                log.warning("rescan: %s", e)
-                return
+            dirs, problems = scan(self.config.model_repository)
             if dirs and not dirs[0].name:
                 log.warning("rescan: %s is one model version; model control needs <name>/<version>/ "
                             "directories", self.config.model_repository)
@@ -190,26 +198,31 @@ class ServedModels:
             present = {d.ref for d in dirs}
             for ref in [r for r in self._loaded if r not in present]:
                 self._retire(self._loaded[ref], "its directory is gone")
-            for d in self._candidates(dirs):
-                if await self._try(d):
+            self._settling.keep(present - set(self._loaded))
+            for d, signature in self._candidates(dirs, settle=settle):
+                if await self._try(d, signature):
                     self._attempts.pop(d.ref, None)
 
-    def _candidates(self, dirs: list[VersionDir]) -> list[VersionDir]:
-        """New versions worth a try (changed since the last try), newest first; with ``latest``
-        only those newer than what serves their name."""
-        fresh = [d for d in dirs if d.ref not in self._loaded and self._attempts.get(d.ref) != d.signature()]
+    def _candidates(self, dirs: list[VersionDir], *, settle: bool) -> list[tuple[VersionDir, tuple]]:
+        """New versions worth a try (changed since the last try; with ``settle``, settled), newest
+        first, with their signatures; with ``latest`` only those newer than what serves their name."""
+        fresh = []
+        for d in (d for d in dirs if d.ref not in self._loaded):
+            signature = d.signature()
+            if self._attempts.get(d.ref) != signature and (not settle or self._settling.settled(d.ref, signature)):
+                fresh.append((d, signature))
         if self.config.model_versions is ModelVersions.LATEST:
             serving = {m.manifest.name: int(m.manifest.version) for m in self.all}
-            fresh = [d for d in fresh if int(d.version) > serving.get(d.name, -1)]
-        return sorted(fresh, key=lambda d: (d.name, -int(d.version)))
+            fresh = [(d, s) for d, s in fresh if int(d.version) > serving.get(d.name, -1)]
+        return sorted(fresh, key=lambda c: (c[0].name, -int(c[0].version)))
 
-    async def _try(self, d: VersionDir) -> bool:
+    async def _try(self, d: VersionDir, signature: tuple) -> bool:
         """Load, warm up and add one version; False (one log line, a counted failure) if it fails."""
         if self.config.model_versions is ModelVersions.LATEST:
             current = [m for m in self._loaded.values() if m.manifest.name == d.name]
             if current and int(current[0].manifest.version) >= int(d.version):
                 return False  # a newer version of the name came in first
-        self._attempts[d.ref] = d.signature()
+        self._attempts[d.ref] = signature
         model = None
         try:
             # engines already serving keep their threads; the new one takes its share of the cores
@@ -222,15 +235,22 @@ class ServedModels:
             if not d.path.is_dir():
                 raise ModelRepositoryError(f"{d.path}: removed while it was being loaded")
         except Exception as e:  # LOAD_ERRORS, a warm-up timeout, or anything a hostile version causes
-            why = str(e)[:300] if isinstance(e, (*LOAD_ERRORS, asyncio.TimeoutError)) and str(e) else (
-                f"{type(e).__name__}: {str(e)[:300]}")
-            log.warning("refused %s: %s", d.ref, why)
-            self.metrics.model_load_failures.labels(d.name).inc()
             if model is not None:
                 await model.scheduler.close()
+            self._refuse(d, signature, e)
             return False
         self._add(model)
         return True
+
+    def _refuse(self, d: VersionDir, signature: tuple, e: Exception) -> None:
+        """One ``refused`` line and one count, unless the directory changed while it was loaded:
+        then it is still being copied, and is tried again once it settles."""
+        if d.signature() != signature:
+            self._attempts.pop(d.ref, None)
+            log.info("%s changed while it was being loaded: not refused, tried again once it settles", d.ref)
+            return
+        log.warning("refused %s: %s", d.ref, failure(e))
+        self.metrics.model_load_failures.labels(d.name).inc()
 
     def _add(self, model: Model) -> None:
         replaced = [m for m in self._loaded.values() if m.manifest.name == model.manifest.name]

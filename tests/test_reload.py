@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import json
+import logging
 import shutil
 import signal
 import threading
+import time
 from pathlib import Path
 
 import grpc
@@ -29,6 +31,21 @@ def add_version(source: Path, root: Path, version: str, *, name: str = "reversal
         edit(tmp, raw)
     (tmp / MANIFEST).write_text(json.dumps(raw))
     return tmp.rename(root / name / version)
+
+
+def copy_slowly(source: Path, root: Path, version: str, *, pause: float, corrupt: str = "") -> None:
+    """Copy ``source`` to ``root/reversal/<version>/`` in place, file by file: the manifest
+    first, then the others with ``pause`` s between them (``corrupt``: that file one byte longer),
+    as a plain ``cp`` or ``rsync`` into the repository would."""
+    target = root / "reversal" / version
+    target.mkdir(parents=True)
+    raw = json.loads((source / MANIFEST).read_text())
+    (target / MANIFEST).write_text(json.dumps({**raw, "name": "reversal", "version": version}))
+    for path in sorted(p for p in source.rglob("*") if p.is_file() and p.name != MANIFEST):
+        time.sleep(pause)
+        (target / path.relative_to(source)).parent.mkdir(parents=True, exist_ok=True)
+        data = path.read_bytes() + (b"\0" if path.name == corrupt else b"")
+        (target / path.relative_to(source)).write_bytes(data)
 
 
 def rescan(server: ServerThread) -> None:
@@ -210,3 +227,23 @@ def test_a_model_added_later_takes_its_share_of_the_cores(repo: Path, reversal_r
         add_version(reversal_repository, repo, "2")  # replaces reversal/1 (latest): still 2 models
         rescan(server)
         assert threads(server) == {"reversal/2": 4, "other/1": 4}
+
+
+def test_a_version_copied_file_by_file_loads_and_only_what_stays_broken_is_refused(
+        repo: Path, reversal_repository: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Polling every 0.1 s, a version is tried only once its files have not changed for 1 s (and
+    two polls): a slow copy is not refused for the files it has not copied yet (issue 31, row 13)."""
+    caplog.set_level(logging.INFO, logger="nmt.app")
+    with ServerThread(config_for(repo, "--model-control", "poll", "--poll-seconds", "0.1")) as server:
+        copy_slowly(reversal_repository, repo, "2", pause=0.3)
+        wait_until(lambda: server.api.Translate(REQUEST, timeout=30).model_version == "2", timeout=60,
+                   what="version 2, copied file by file")
+        assert server.metric("nmt_model_load_failures_total", name="reversal") == 0
+        copy_slowly(reversal_repository, repo, "3", pause=0.3, corrupt="decoder_step.onnx")
+        wait_until(lambda: server.metric("nmt_model_load_failures_total", name="reversal") == 1, timeout=60,
+                   what="version 3 refused once it settled")
+        time.sleep(1.5)  # 15 more polls: an unchanged broken version is not tried again
+        assert server.metric("nmt_model_load_failures_total", name="reversal") == 1
+        assert server.api.Translate(REQUEST, timeout=30).model_version == "2"
+    refused = [r.getMessage() for r in caplog.records if r.name == "nmt.app" and r.getMessage().startswith("refused")]
+    assert len(refused) == 1 and refused[0].startswith("refused reversal/3: ") and "decoder_step.onnx" in refused[0]

@@ -3,16 +3,24 @@
 ``scan`` lists the version directories and what is wrong with the others (one
 line each); ``VersionDir.signature`` changes whenever a file in it does, so a
 half-copied version is tried again once its copy goes on, and a broken one is
-not reloaded (and logged) at every poll.
+not reloaded (and logged) at every poll. ``Settling`` says when a directory has stopped
+changing: the watcher tries a version only then, so a version copied in file by file (its
+manifest first) is not refused for the files it does not have yet.
 """
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 from service.errors import ModelRepositoryError
 from service.models.manifest import MANIFEST
+
+SETTLE_SECONDS = 1.0  # a version's files unchanged this long (and over two polls) is settled
+SETTLE_SCANS = 2
+CHANGING = ("changing",)  # the signature of a directory whose files moved while it was read
 
 
 @dataclass(frozen=True)
@@ -33,12 +41,17 @@ class VersionDir:
             return tuple(sorted((str(p.relative_to(self.path)), p.stat().st_size, p.stat().st_mtime_ns)
                                 for p in self.path.rglob("*") if p.is_file()))
         except OSError:  # a file vanished while we looked: it is changing
-            return ("changing",)
+            return CHANGING
 
 
 def is_version(name: str) -> bool:
     """A version number: ASCII digits only (``"²".isdigit()`` is true, but ``int("²")`` fails)."""
     return name.isascii() and name.isdigit()
+
+
+def version_key(version: str) -> tuple[int, str]:
+    """Orders versions by number (one not a number, the root's own "", before any)."""
+    return (int(version), "") if is_version(version) else (-1, version)
 
 
 def scan(root: Path) -> tuple[list[VersionDir], list[str]]:
@@ -67,3 +80,33 @@ def latest(dirs: list[VersionDir]) -> list[VersionDir]:
         if d.name not in best or int(d.version) > int(best[d.name].version):
             best[d.name] = d
     return [best[n] for n in sorted(best)]
+
+
+class Settling:
+    """Which version directories have stopped changing (pure state, one call per scan).
+
+    Settled: the same signature at ``scans`` consecutive scans, the first of them at least
+    ``seconds`` ago; so, whichever is longer, two polls in a row or ``seconds`` (1 s: a copy
+    that pauses longer than that between two files and then goes on is tried, fails, and is
+    tried again when it changes; ``ServedModels`` does not count a failure whose directory
+    changed meanwhile).
+    """
+
+    def __init__(self, *, seconds: float = SETTLE_SECONDS, scans: int = SETTLE_SCANS,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.seconds, self.scans, self.clock = seconds, scans, clock
+        self._seen: dict[str, tuple[tuple, float, int]] = {}  # ref -> (signature, since, scans seen)
+
+    def settled(self, ref: str, signature: tuple) -> bool:
+        """Record this scan's ``signature`` of ``ref``; True once it has settled."""
+        now = self.clock()
+        seen, since, scans = self._seen.get(ref, ((), now, 0))
+        if seen != signature or signature == CHANGING:
+            since, scans = now, 0
+        self._seen[ref] = (signature, since, scans + 1)
+        return scans + 1 >= self.scans and now - since >= self.seconds
+
+    def keep(self, refs: set[str]) -> None:
+        """Forget the directories not in ``refs`` (gone, or loaded)."""
+        for ref in [r for r in self._seen if r not in refs]:
+            del self._seen[ref]
