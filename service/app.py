@@ -13,7 +13,9 @@ warmed up with a translation, and only then takes the requests for ``<name>``
 already decoding finish on the version that started them. A version replaced or
 whose directory is gone stops taking requests and is closed once its requests
 have finished. A version that fails to load is refused with one log line and
-``nmt_model_load_failures_total``; what was serving goes on.
+``nmt_model_load_failures_total``; what was serving goes on. The poller tries a version
+only once its directory has settled (``repository.Settling``); SIGHUP tries at once. A
+rescan that fails itself never stops the poller (``repository.Watcher``).
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from service.interface import Engine
 from service.metrics import Metrics
 from service.models.checks import check_graphs, check_vocabularies
 from service.models.manifest import Manifest, load_manifest
-from service.models.repository import Settling, VersionDir, latest, scan, version_key
+from service.models.repository import Settling, VersionDir, Watcher, latest, scan, version_key
 from service.options import DecodingOptions
 from service.process import engine_threads, release_memory
 from service.scheduling.scheduler import Scheduler
@@ -119,6 +121,7 @@ class ServedModels:
         self._attempts: dict[str, tuple] = {}  # ref -> signature of its directory when last tried
         self._reported: dict[str, str] = {}  # directory -> the problem last logged for it
         self._settling = Settling()  # which new version directories have stopped changing
+        self.watcher = Watcher()  # --model-control poll; its error: why /readyz says 503
         self._draining: set[asyncio.Task] = set()
         self._lock = asyncio.Lock()  # one rescan at a time
         for e in engines:
@@ -168,14 +171,11 @@ class ServedModels:
 
     async def poll(self, seconds: float) -> None:
         """Rescan every ``seconds`` until cancelled (``--model-control poll``), trying a new
-        version only once its directory has settled (``Settling``); a rescan's own failure is
-        one log line, and the next poll goes on (the watcher never stops)."""
-        while True:
-            await asyncio.sleep(seconds)
-            try:
-                await self._rescan(settle=True)
-            except Exception as e:  # a bug here must not end hot reload for good
-                self._once("rescan", f"rescan failed: {failure(e)}")
+        version only once its directory has settled (``Settling``); the watcher never stops:
+        a failed rescan is logged, counted (``nmt_model_watcher_failures_total``) and retried
+        after a backoff, and ``watcher.error`` names it until a rescan succeeds (``Watcher``)."""
+        await self.watcher.run(lambda: self._rescan(settle=True), seconds, log=log, describe=failure,
+                               failed=self.metrics.model_watcher_failures.inc)
 
     async def rescan(self) -> None:
         """Look now (SIGHUP): every new version that looks complete is tried at once (the operator

@@ -81,6 +81,10 @@ class Metrics:
         self.model_load_failures = Counter("nmt_model_load_failures_total",
                                            "Model versions refused at a rescan (checksum, graphs, warm-up)",
                                            ["name"], registry=r)
+        self.model_watcher_failures = Counter("nmt_model_watcher_failures_total",
+                                              "Rescans of --model-control poll that failed (the repository "
+                                              "gone, a file system error); retried after a backoff",
+                                              registry=r)
         # the HTTP port's connections (service.api.http_limits; --http-max-connections)
         self.http_connections_open = Gauge("nmt_http_connections_open", "HTTP connections open", registry=r)
         self.http_connections_refused = Counter("nmt_http_connections_refused_total",

@@ -12,7 +12,8 @@ the HTTP status ``frontend.STATUS`` gives the error's kind.
 - ``POST /v1/translate:stream``: server-sent events, ``partial`` ... then ``final``
   (or ``error``); each ``data`` a ``TranslateResponse`` (an error: the error body)
 - ``GET /v1/models``: ``ListModelsResponse``; ``GET /healthz`` (alive), ``GET /readyz``
-  (200 when health says SERVING, else 503)
+  (200 when health says SERVING and nothing makes the server unready, ``unready``: the
+  model watcher failing; else 503 naming why)
 - ``GET /``: the web page (``service/api/web/``), ``GET /web/<file>``: its files, by name
 - errors before any route (the parser's): JSON too; the error bodies and ``HttpError``:
   ``service/api/http_errors.py``
@@ -77,8 +78,9 @@ class HttpServer:
     """The HTTP transport over one front door: routes, the error mapping, metrics, draining."""
 
     def __init__(self, frontend: Frontend, *, max_body: int, authorize: Authorize = allow_all,
-                 limits: HttpLimits = HttpLimits()) -> None:
+                 limits: HttpLimits = HttpLimits(), unready: Callable[[], str] = lambda: "") -> None:
         self.frontend, self.authorize, self.max_body, self.limits = frontend, authorize, max_body, limits
+        self.unready = unready  # why a serving server is not ready ("": it is): /readyz says 503
         self.runner: web.AppRunner | None = None
         self.port = 0
         self.draining = False
@@ -254,9 +256,12 @@ class HttpServer:
         return web.json_response({"status": "alive"})
 
     async def _readyz(self, request: web.Request) -> web.StreamResponse:
-        if self.frontend.ready:
-            return web.json_response({"status": "SERVING"})
-        return error_response(NmtError(ErrorKind.UNAVAILABLE, "not serving: warming up or draining"))
+        if not self.frontend.ready:
+            return error_response(NmtError(ErrorKind.UNAVAILABLE, "not serving: warming up or draining"))
+        why = self.unready()
+        if why:
+            return error_response(NmtError(ErrorKind.UNAVAILABLE, f"not ready: {why}"))
+        return web.json_response({"status": "SERVING"})
 
     async def _index(self, request: web.Request) -> web.StreamResponse:
         return web.FileResponse(WEB / "index.html")

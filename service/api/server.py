@@ -7,7 +7,8 @@ Layering::
 
 ``App`` is the one place that knows every transport: it makes them over one ``Frontend``,
 starts them, says when the server is ready (gRPC health, HTTP ``/readyz``: SERVING only
-after every model translated a warm-up text), and drains them on SIGTERM
+after every model translated a warm-up text; ``/readyz`` also 503 while the model watcher
+fails), and drains them on SIGTERM
 (NOT_SERVING -> refuse new calls -> in-flight calls finish within the grace period).
 A transport imports the front door, never ``App`` nor another transport.
 """
@@ -44,7 +45,8 @@ class App:
         self.grpc = GrpcServer(self.frontend, config=config, tls=tls, tokens=tokens)
         # HTTP/JSON beside gRPC (--http-port; 0 = off), with the same TLS files and tokens
         self.http = HttpServer(self.frontend, max_body=config.max_message_bytes,
-                               authorize=authorizer(tokens), limits=config.http_limits)
+                               authorize=authorizer(tokens), limits=config.http_limits,
+                               unready=self._unready)
         self.http_tls = tls_context(security)
         self.metrics_server: MetricsServer | None = None
         self._tasks: set[asyncio.Task] = set()  # the poller and SIGHUP rescans
@@ -57,6 +59,12 @@ class App:
     @property
     def metrics_port(self) -> int:
         return self.metrics_server.port if self.metrics_server else 0
+
+    def _unready(self) -> str:
+        """Why ``/readyz`` says 503 though the models serve: the model watcher failing. gRPC health
+        stays SERVING then (every loaded model still translates; only new versions wait)."""
+        error = self.models.watcher.error
+        return f"the model watcher is failing (rescan failed: {error}); the loaded models still serve" if error else ""
 
     def rescan(self) -> None:
         """Look at the model repository again, in the background (SIGHUP)."""

@@ -5,21 +5,25 @@ line each); ``VersionDir.signature`` changes whenever a file in it does, so a
 half-copied version is tried again once its copy goes on, and a broken one is
 not reloaded (and logged) at every poll. ``Settling`` says when a directory has stopped
 changing: the watcher tries a version only then, so a version copied in file by file (its
-manifest first) is not refused for the files it does not have yet.
+manifest first) is not refused for the files it does not have yet. ``Watcher`` runs the
+rescans (``--model-control poll``) and never stops; its ``error`` says while they fail.
 """
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Awaitable, Callable
 
 from service.errors import ModelRepositoryError
 from service.models.manifest import MANIFEST
 
 SETTLE_SECONDS = 1.0  # a version's files unchanged this long (and over two polls) is settled
 SETTLE_SCANS = 2
+BACKOFF_MAX_SECONDS = 30.0  # the longest wait between two failing rescans (or the poll, if longer)
 CHANGING = ("changing",)  # the signature of a directory whose files moved while it was read
 
 
@@ -110,3 +114,34 @@ class Settling:
         """Forget the directories not in ``refs`` (gone, or loaded)."""
         for ref in [r for r in self._seen if r not in refs]:
             del self._seen[ref]
+
+
+class Watcher:
+    """Rescans every poll until cancelled, and never stops.
+
+    A rescan that raises (the repository gone, an OSError, a bug) is one log line (again only
+    when the error changes) and one ``failed()`` call; the next try waits twice as long as the
+    last, up to ``max(poll, BACKOFF_MAX_SECONDS)``. ``error`` names the last failure until a
+    rescan succeeds ("" then; ``/readyz`` answers 503 meanwhile).
+    """
+
+    def __init__(self) -> None:
+        self.error = ""
+
+    async def run(self, rescan: Callable[[], Awaitable[None]], seconds: float, *, failed: Callable[[], None],
+                  describe: Callable[[Exception], str], log: logging.Logger) -> None:
+        delay = seconds
+        while True:
+            await asyncio.sleep(delay)
+            try:
+                await rescan()
+            except Exception as e:  # a bug here must not end hot reload for good
+                error = describe(e)
+                if error != self.error:
+                    log.warning("rescan failed: %s", error)
+                self.error, delay = error, min(2 * delay, max(seconds, BACKOFF_MAX_SECONDS))
+                failed()
+                continue
+            if self.error:
+                log.info("rescans succeed again (the last failure: %s)", self.error)
+            self.error, delay = "", seconds
