@@ -225,9 +225,9 @@ def env_name(flag: str) -> str:
     return "NMT_" + flag.lstrip("-").replace("-", "_").upper()
 
 
-OTHER_VARIABLES = ("NMT_SERVER", "NMT_LOCUST_", "NMT_SMOKE_", "NMT_CLIENT_")
+OTHER_VARIABLES = ("NMT_SERVER", "NMT_LOCUST_", "NMT_SMOKE_", "NMT_CLIENT_", "NMT_TEST_")
 """``NMT_*`` variables (or prefixes) read by the other tools of this project (``nmt translate``,
-the Locust and container-smoke scripts), not by ``nmt serve``."""
+the Locust and container-smoke scripts, the tests: ``NMT_TEST_HOSTILE``), not by ``nmt serve``."""
 
 
 def check_unknown(env: Mapping[str, str]) -> None:

@@ -115,8 +115,10 @@ class TranslatorServicer(pb_grpc.TranslatorServicer):
             translations = await self.frontend.translate(admitted, timeout=context.time_remaining())
             return convert.response(translations, admitted.model.manifest)
 
-    async def TranslateStream(self, request: pb.TranslateRequest, context: grpc.aio.ServicerContext
-                              ) -> AsyncIterator[pb.TranslateResponse]:
+    async def TranslateStream(self, request: pb.TranslateRequest, context: grpc.aio.ServicerContext) -> None:
+        """Written with ``context.write``, not yielded: a write the client's cancel beat is then
+        ours to see (the client went away: CANCELLED, no log), where a yielded message's failed
+        write was logged by gRPC core with a traceback."""
         async with self._rpc("TranslateStream", request, context):
             admitted = self._admit(request, context)
             manifest = admitted.model.manifest
@@ -124,11 +126,24 @@ class TranslatorServicer(pb_grpc.TranslatorServicer):
             try:
                 async for event in events:
                     if isinstance(event, Partial):
-                        yield convert.partial(event, admitted.prepared, manifest)
+                        await self._write(context, convert.partial(event, admitted.prepared, manifest))
                     elif isinstance(event, Final):
-                        yield convert.response(event.translations, manifest)
+                        await self._write(context, convert.response(event.translations, manifest))
             finally:
                 await events.aclose()
+
+    @staticmethod
+    async def _write(context: grpc.aio.ServicerContext, message: pb.TranslateResponse) -> None:
+        if context.cancelled() or context.done():
+            raise asyncio.CancelledError()
+        try:
+            await context.write(message)
+        except Exception as e:
+            # gRPC core's failed send (``cygrpc.ExecuteBatchError``, a private class: matched by
+            # name) means the stream is closed: the client cancelled while we wrote
+            if type(e).__name__ == "ExecuteBatchError" or context.cancelled() or context.done():
+                raise asyncio.CancelledError() from None
+            raise
 
     async def ListModels(self, request: pb.ListModelsRequest, context: grpc.aio.ServicerContext
                          ) -> pb.ListModelsResponse:
