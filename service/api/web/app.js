@@ -36,6 +36,33 @@ function showError(message) {
   $("error").hidden = !message;
 }
 
+// The access token (--auth-token-file): in this tab's sessionStorage only (never localStorage nor
+// a cookie: it goes when the tab closes), sent as "Authorization: Bearer <token>" on the API calls.
+const TOKEN_KEY = "nmt.token";
+const NEEDS_TOKEN = "This server needs an access token: enter it under Access token above and press Use token.";
+
+function withToken(headers = {}) {
+  const token = sessionStorage.getItem(TOKEN_KEY);
+  return token ? { ...headers, Authorization: `Bearer ${token}` } : headers;
+}
+
+// A refused API call as an Error: a 401 asks for the token, anything else says the server's error.
+async function refusal(reply) {
+  if (reply.status === 401) return new Error(NEEDS_TOKEN);
+  const body = await reply.json();
+  return new Error(`${body.code}: ${body.message}`);
+}
+
+function useToken(event) {
+  event.preventDefault();
+  const token = $("token").value.trim();
+  if (token) sessionStorage.setItem(TOKEN_KEY, token);
+  else sessionStorage.removeItem(TOKEN_KEY);
+  showError("");
+  $("status").textContent = token ? "access token set for this tab" : "access token cleared";
+  loadModels().catch((e) => showError(`models: ${e.message}`));
+}
+
 // English names of the language codes (mirrors service/languages.py NAMES; tests check them).
 const NAMES = { en: "English", fr: "French", de: "German", es: "Spanish", it: "Italian", pt: "Portuguese",
                 nl: "Dutch", pl: "Polish", ru: "Russian", ja: "Japanese", zh: "Chinese", ko: "Korean",
@@ -75,9 +102,12 @@ function pickModel() {
 }
 
 async function loadModels() {
-  const reply = await fetch("/v1/models");
+  $("model").replaceChildren();
+  directions.length = 0;
+  modelDirections.clear();
+  const reply = await fetch("/v1/models", { headers: withToken() });
+  if (!reply.ok) throw await refusal(reply);
   const body = await reply.json();
-  if (!reply.ok) throw new Error(`${body.code}: ${body.message}`);
   for (const m of body.models) {
     const ref = `${m.name}/${m.version}`;
     const option = new Option(`${ref} (${m.precision}, ${m.provider})`, ref);
@@ -106,12 +136,9 @@ function request(text) {
 
 // POST with server-sent events back (EventSource can only GET): calls onEvent(name, data).
 async function postEvents(url, body, onEvent) {
-  const reply = await fetch(url, { method: "POST", headers: { "Content-Type": "application/json" },
+  const reply = await fetch(url, { method: "POST", headers: withToken({ "Content-Type": "application/json" }),
                                    body: JSON.stringify(body) });
-  if (!reply.ok) {
-    const error = await reply.json();
-    throw new Error(`${error.code}: ${error.message}`);
-  }
+  if (!reply.ok) throw await refusal(reply);
   const reader = reply.body.pipeThrough(new TextDecoderStream()).getReader();
   let buffer = "";
   for (;;) {
@@ -219,6 +246,8 @@ async function translate(event) {
 window.nmt = { findPlaceholders, showPiece, NAMES };
 document.addEventListener("DOMContentLoaded", () => {
   $("form").addEventListener("submit", translate);
+  $("access").addEventListener("submit", useToken);
+  $("token").value = sessionStorage.getItem(TOKEN_KEY) ?? "";
   $("source").addEventListener("change", () => pickLanguages($("source").value, $("target").value));
   $("target").addEventListener("change", () => pickLanguages($("source").value, $("target").value));
   $("swap").addEventListener("click", () => pickLanguages($("target").value, $("source").value));
