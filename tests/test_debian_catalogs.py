@@ -1,5 +1,5 @@
 """Debian packages' catalogs (``export.data.debian_catalogs``): pinned specs, licences from the
-copyright files, unpacking only the French catalogs, apt-get's errors in one line."""
+copyright files, unpacking only the catalogs of the corpus languages (fr, de, es), apt-get's errors in one line."""
 
 from __future__ import annotations
 
@@ -51,6 +51,7 @@ def _build_deb(tmp_path: Path, name: str, version: str, doc_link: str | None = N
         f"Description: test\n")
     _save(tree / "usr/share/locale/fr/LC_MESSAGES" / f"{name}.mo", [("Print the version", "Afficher la version")])
     _save(tree / "usr/share/locale/de/LC_MESSAGES" / f"{name}.mo", [("Print the version", "Version ausgeben")])
+    _save(tree / "usr/share/locale/it/LC_MESSAGES" / f"{name}.mo", [("Print the version", "Stampa la versione")])
     (tree / "usr/bin").mkdir(parents=True)
     (tree / "usr/bin" / name).write_text("#!/bin/sh\n")
     doc = tree / "usr/share/doc"
@@ -71,7 +72,7 @@ def _build_deb(tmp_path: Path, name: str, version: str, doc_link: str | None = N
 
 
 @pytest.mark.skipif(shutil.which("dpkg-deb") is None, reason="needs dpkg-deb")
-def test_debian_unpack_keeps_french_catalogs_and_licence(tmp_path: Path) -> None:
+def test_debian_unpack_keeps_the_corpus_languages_catalogs_and_licence(tmp_path: Path) -> None:
     _build_deb(tmp_path, "tool", "1:2.0-1")
     _build_deb(tmp_path, "tool-l10n", "1:2.0-1", doc_link="tool")
     out = tmp_path / "pkgs"
@@ -81,9 +82,11 @@ def test_debian_unpack_keeps_french_catalogs_and_licence(tmp_path: Path) -> None
     assert [r["package"] for r in records] == ["tool", "tool-l10n"]
     assert not (out / "stale").exists()
     files = sorted(str(p.relative_to(out)) for p in out.rglob("*") if p.is_file())
-    assert files == ["tool-l10n/debian-package.json", "tool-l10n/usr/share/locale/fr/LC_MESSAGES/tool-l10n.mo",
+    assert files == ["tool-l10n/debian-package.json",  # French and German (the corpus's languages), no Italian
+                     "tool-l10n/usr/share/locale/de/LC_MESSAGES/tool-l10n.mo",
+                     "tool-l10n/usr/share/locale/fr/LC_MESSAGES/tool-l10n.mo",
                      "tool/debian-package.json", "tool/usr/share/doc/tool/copyright",
-                     "tool/usr/share/locale/fr/LC_MESSAGES/tool.mo"]
+                     "tool/usr/share/locale/de/LC_MESSAGES/tool.mo", "tool/usr/share/locale/fr/LC_MESSAGES/tool.mo"]
     l10n = json.loads((out / "tool-l10n" / catalogs.DEBIAN_MARKER).read_text())
     assert l10n["license"] == "GPL-2+" and l10n["license_file"] == "tool/usr/share/doc/tool/copyright"
     manifest = corpus.build([out], tmp_path / "corpus", **QUIET)
