@@ -148,6 +148,8 @@ $(TOKENIZERS)/target.model: | $(CORPUS)/manifest.json
 
 # one kind trained to the step budget (about an hour on 2 cores); an interrupted run resumes from its last.pt
 TRAIN_DIR = $(BUILD)/train-v2$(PAIR_TAG)-$(1)$(INIT_TAG)
+# an interrupted training keeps its best.pt (written atomically at each validation): make must not delete it
+.PRECIOUS: $(BUILD)/train-v2%/best.pt
 $(BUILD)/train-v2$(PAIR_TAG)-%$(INIT_TAG)/best.pt: | $(TOKENIZERS)/target.model
 	$(BIN)/nmt train $(CORPUS) --tokenizers $(TOKENIZERS) --output $(call TRAIN_DIR,$*) --attention $* \
 		--max-steps $(TRAIN_STEPS) --validate-steps $(VALIDATE_STEPS) --minutes 100000 --threads $(TRAIN_THREADS) \
