@@ -172,7 +172,7 @@ model: $(call TRAIN_DIR,$(ATTENTION))/best.pt
 		--out loadtest/results/quality_engine_$(PAIR)-$(V)
 	$(if $(filter en-fr,$(PAIR)),$(BIN)/nmt shortlist $(BUILD)/$(PAIR)/$(V) --corpus $(CORPUS))
 	$(if $(filter en-fr,$(PAIR)),$(BIN)/python loadtest/quality_shortlist.py $(BUILD)/$(PAIR)/$(V) $(CORPUS) --record --out loadtest/results)
-	cp $(CORPUS)/manifest.json $(MODEL_DIR)/corpus-v2-manifest.json
+	mkdir -p $(MODEL_DIR) && cp $(CORPUS)/manifest.json $(MODEL_DIR)/corpus-v2-manifest.json
 	rm -rf $(MODEL_DIR)/.$(V).tmp && cp -r $(BUILD)/$(PAIR)/$(V) $(MODEL_DIR)/.$(V).tmp
 	$(BIN)/nmt prune $(MODEL_DIR)/.$(V).tmp --keep int8
 	rm -rf $(MODEL_DIR)/$(V) && mv $(MODEL_DIR)/.$(V).tmp $(MODEL_DIR)/$(V)

@@ -3,7 +3,8 @@
 Every ```` ```console ```` block of ``README.md`` and ``docs/*.md`` is a session: a line
 starting with ``$ `` is a command (a trailing ``\\`` continues it on the next line), and the
 lines after it, up to the next command, are what it printed. Two commands are understood:
-``nmt translate ...`` (its ``main`` against an in-process server of ``models/en-fr/3`` over gRPC)
+``nmt translate ...`` (its ``main`` against an in-process server of ``models/``, every shipped
+direction, en-fr the default, over gRPC)
 and ``curl ... localhost:8080/...`` (the same server's HTTP port). Numbers compare to the
 precision shown; a JSON object shown may leave fields out, never add or change one.
 
@@ -53,7 +54,7 @@ EXAMPLES = [(page, command, printed) for page in PAGES for command, printed in s
 
 @pytest.fixture(scope="module")
 def shipped_server():
-    with ServerThread(config_for(SHIPPED, "--max-beam", "16")) as server:
+    with ServerThread(config_for(ROOT / "models", "--max-beam", "16", "--default-model", "en-fr")) as server:
         yield server
 
 
