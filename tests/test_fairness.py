@@ -152,8 +152,8 @@ def test_lanes_share_the_engine_by_their_clients() -> None:
     lanes.add(SMALL, [((1, 0), None)])
     order = []
     for _ in range(20):
-        lane = lanes.next_lane({BULK: 3, SMALL: 1})
+        lane = lanes.next_lane()
         lanes.step(lane, {BULK: 3, SMALL: 1}[lane])
         order.append(lane)
     assert order.count(SMALL) / order.count(BULK) == pytest.approx(4, abs=1)  # 1 ms steps: 4 per 12 ms / 3
-    assert lanes.next_lane({}) is not None
+    assert lanes.next_lane() is not None

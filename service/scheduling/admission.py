@@ -83,11 +83,15 @@ class SchedulerState:
         self.running: dict[Key, Entry] = {}
         self.pending_removal: list[Key] = []
         self.work = 0  # estimated rows x steps of queued and running texts
-        self.running_rows = 0  # decoder rows of the running texts
         self.client_rows: Counter[str] = Counter()  # decoder rows of the running texts, by client
         self.client_work: Counter[str] = Counter()  # estimated work of the queued texts, by client
         self.served_at: dict[str, int] = {}  # client -> the admission count when it last got rows
         self._admissions = 0
+
+    @property
+    def running_rows(self) -> int:
+        """Decoder rows of the running texts."""
+        return sum(self.client_rows.values())
 
     def submit(self, request_id: int, prepared: Sequence[Prepared], *, now: float,
                deadline: float | None, stream: bool = False, client: str = "") -> None:
@@ -135,7 +139,6 @@ class SchedulerState:
     def _leave(self, key: Key) -> None:
         entry = self.running.pop(key)
         self.work -= entry.prepared.work
-        self.running_rows -= entry.prepared.rows
         self.client_rows[entry.client] -= entry.prepared.rows
         if self.client_rows[entry.client] <= 0:
             del self.client_rows[entry.client]
@@ -185,7 +188,6 @@ class SchedulerState:
         self.queue = [e for e in self.queue if id(e) not in taken]
         for e in chosen:
             self.running[e.key] = e
-            self.running_rows += e.prepared.rows
             self.client_rows[e.client] += e.prepared.rows
             self._unqueue(e)
         chosen.sort(key=lambda e: -len(e.prepared.source_ids))

@@ -66,8 +66,8 @@ class Lanes:
         batch.add(items)
         self.lane_of.update((key, lane) for key, _ in items)
 
-    def next_lane(self, weights: dict[str, int]) -> str | None:
-        """The busy lane furthest behind its share (``weights``: clients decoding in each lane)."""
+    def next_lane(self) -> str | None:
+        """The busy lane furthest behind its share (``step`` charges each step by the lane's weight)."""
         busy = [lane for lane in LANES if lane in self.batches and self.batches[lane].live_rows]
         if not busy:
             return None
@@ -106,7 +106,7 @@ def step(lanes: Lanes, weights: dict[str, int], streaming: list[Key], metrics: M
     """One decoder step of the lane furthest behind its share (if any): the texts it finished,
     and the agreed prefixes of its streaming texts; metrics observed here."""
     weights = {lane: w * (SMALL_BOOST if lane == SMALL else 1) for lane, w in weights.items()}
-    lane = lanes.next_lane(weights)
+    lane = lanes.next_lane()
     if lane is None:
         return [], {}
     batch = lanes.batch(lane)

@@ -53,5 +53,5 @@ def rank(text: str, languages: Sequence[str]) -> list[Guess]:
 
 
 def warm() -> None:
-    """Load the model now (at server start), not on the first ``auto`` request."""
+    """Load the model if it is not loaded yet (callers on an event loop run this in a thread)."""
     _model()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -14,6 +15,7 @@ TRAINED_WITH = SpecialIds()
 """The special ids both SentencePiece models are trained with (``export.tokenizers``);
 a model repository's manifest records them, and the server takes them from there."""
 PAD_ID, UNK_ID, BOS_ID, EOS_ID = TRAINED_WITH.pad, TRAINED_WITH.unk, TRAINED_WITH.bos, TRAINED_WITH.eos
+UNKNOWN_CACHE = 4096  # characters whose <unk>-ness is remembered
 
 
 @dataclass(frozen=True)
@@ -32,14 +34,13 @@ class Tokenizer:
         self.special = special
         self.source = _load(source_model, special)
         self.target = _load(target_model, special)
-        self._unknown: dict[str, bool] = {}  # character -> the source vocabulary has no piece for it
+        # per character, bounded: a client sending every code point must not grow it without end
+        self.unknown = functools.lru_cache(maxsize=UNKNOWN_CACHE)(self._unknown)
 
-    def unknown(self, ch: str) -> bool:
-        """Whether the source model can only read ``ch`` as ``<unk>`` (cached per character)."""
-        known = self._unknown.get(ch)
-        if known is None:
-            known = self._unknown[ch] = self.special.unk in self.source.encode(ch)
-        return known
+    def _unknown(self, ch: str) -> bool:
+        """Whether the source model can only read ``ch`` as ``<unk>`` (after its normalization:
+        ``…`` has no piece of its own but reads as ``...``, so the vocabulary alone cannot tell)."""
+        return self.special.unk in self.source.encode(ch)
 
     def encode(self, text: str) -> Encoded:
         protected = placeholders.protect(text, self.unknown)
