@@ -1,4 +1,5 @@
-# nmt-serve serving image: service/ on ONNX Runtime with the default model inside.
+# nmt-serve serving image: service/ on ONNX Runtime with the shipped models inside
+# (models/: en-fr, en-de, en-es, fr-en, each its one served version; en-fr is the default).
 # No torch, no export/: the wheel is built from service/ alone.
 #
 #   docker build -t nmt-serve .                                   # CPU (make image)
@@ -24,7 +25,7 @@ ARG BASE_IMAGE=python:3.11-slim
 # ---- builder: a virtual environment holding service/ and its runtime dependencies ----
 FROM ${BASE_IMAGE} AS builder
 ARG ONNXRUNTIME=onnxruntime
-ARG MODEL_REPOSITORY=models/en-fr/3
+ARG MODEL_REPOSITORY=models
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 DEBIAN_FRONTEND=noninteractive
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 # A CUDA runtime base has no Python; python:3.11-slim has it and skips this.
@@ -50,11 +51,13 @@ RUN pip install --no-cache-dir . \
  && python -I -c "import service.api.grpc_server, onnxruntime; print('onnxruntime', onnxruntime.__version__)" \
  && python -I -c "from service.api.http_server import WEB; assert (WEB / 'index.html').is_file(), WEB" \
  && pip uninstall -y pip setuptools
+# A model repository: one version directory (<name>/<version>/, with its
+# manifest.json) or a directory of <name>/<version>/ directories, all served.
 # Exported model directories can be mode 0700: make them readable by the
 # non-root user here, so the runtime stage copies them in one layer.
-COPY ${MODEL_REPOSITORY}/ /opt/nmt/model/
+COPY ${MODEL_REPOSITORY}/ /opt/nmt/models/
 COPY deploy/healthcheck.py /opt/nmt/healthcheck.py
-RUN test -f /opt/nmt/model/manifest.json \
+RUN find /opt/nmt/models -maxdepth 3 -name manifest.json | grep -q . \
  && chmod -R a+rX,go-w /opt/nmt /opt/venv
 
 # ---- serve: the runtime image ----
@@ -78,7 +81,8 @@ ENV PATH=/opt/venv/bin:$PATH \
     PYTHONUNBUFFERED=1 \
     PYTHONDONTWRITEBYTECODE=1 \
     ORT_DISABLE_TELEMETRY=1 \
-    NMT_MODEL_REPOSITORY=/opt/nmt/model \
+    NMT_MODEL_REPOSITORY=/opt/nmt/models \
+    NMT_DEFAULT_MODEL=en-fr \
     NMT_HOST=0.0.0.0 \
     NMT_PORT=50051 \
     NMT_METRICS_PORT=9464 \

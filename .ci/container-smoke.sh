@@ -5,8 +5,8 @@
 # machines provide (../shared/tools/container-engine/setup.sh, run as root);
 # elsewhere it says so and exits 0.
 #
-#   .ci/container-smoke.sh                       # the shipped model, models/en-fr/3
-#   NMT_SMOKE_MODEL=/path/to/en-fr/3 .ci/container-smoke.sh   # another model repository
+#   .ci/container-smoke.sh                       # the shipped models, models/ (en-fr the default)
+#   NMT_SMOKE_MODEL=/path/to/en-fr/3 .ci/container-smoke.sh   # one other model version alone
 #
 # Prints the image size and the time from `docker run` to health SERVING.
 set -euo pipefail
@@ -35,19 +35,24 @@ now_ms() { echo $(( $(date +%s%N) / 1000000 )); }
 seconds_since() { local ms=$(( $(now_ms) - $1 )); printf '%d.%02d' $((ms / 1000)) $((ms % 1000 / 10)); }
 
 # ---- build ----------------------------------------------------------------------------------
-SHIPPED=models/en-fr/3
+SHIPPED=models
 MODEL=${NMT_SMOKE_MODEL:-$SHIPPED}
-[ -f "$MODEL/manifest.json" ] || fail "no model repository at $MODEL (run make model, or set NMT_SMOKE_MODEL)"
 CONTEXT=.
+DEFAULT_MODEL=()   # the image's own NMT_DEFAULT_MODEL (en-fr)
 if [ "$MODEL" != "$SHIPPED" ]; then
-  # Another model: a copy of the context with it in the default place.
+  [ -f "$MODEL/manifest.json" ] || fail "no model version at $MODEL (run make model, or unset NMT_SMOKE_MODEL)"
+  # Another model: a copy of the context whose models/ holds it alone, as <name>/<version>/.
   CONTEXT=$(mktemp -d)
   cp -r Dockerfile .dockerignore pyproject.toml service "$CONTEXT/"
   [ -f README.md ] && cp README.md "$CONTEXT/"
-  mkdir -p "$CONTEXT/deploy" "$CONTEXT/models/en-fr"
+  mkdir -p "$CONTEXT/deploy"
   cp deploy/healthcheck.py "$CONTEXT/deploy/"
-  cp -r "$MODEL" "$CONTEXT/$SHIPPED"
+  place=$("$PY" -c 'import json, sys; m = json.load(open(sys.argv[1])); print(f"{m[\"name\"]}/{m[\"version\"]}")' "$MODEL/manifest.json")
+  mkdir -p "$CONTEXT/models/$(dirname "$place")"
+  cp -r "$MODEL" "$CONTEXT/models/$place"
+  DEFAULT_MODEL=(-e NMT_DEFAULT_MODEL=)   # the one model served
 fi
+EXPECTED=$(cd "$CONTEXT/models" && ls -d */*/ | cut -d/ -f1 | sort -u | tr '\n' ' ')
 log "building $IMAGE (model $MODEL)"
 started=$(now_ms)
 docker build -t "$IMAGE" "$CONTEXT"
@@ -72,7 +77,7 @@ started=$(now_ms)
 docker run -d --name "$NAME" --network host --read-only --cap-drop ALL \
   --security-opt no-new-privileges -e NMT_HOST=127.0.0.1 -e NMT_PORT="$PORT" \
   -e NMT_METRICS_PORT="$METRICS_PORT" -e NMT_GRACE_PERIOD="$GRACE" -e NMT_MAX_ROWS="$MAX_ROWS" \
-  "$IMAGE" > /dev/null
+  -e NMT_HTTP_PORT=0 "${DEFAULT_MODEL[@]}" "$IMAGE" > /dev/null
 until "$PY" deploy/healthcheck.py --address "127.0.0.1:$PORT" > /dev/null 2>&1; do
   [ "$(docker inspect -f '{{.State.Running}}' "$NAME")" = true ] || { docker logs "$NAME"; fail "container exited"; }
   [ $(( $(now_ms) - started )) -lt $((SERVING_TIMEOUT * 1000)) ] || { docker logs "$NAME"; fail "not SERVING after $SERVING_TIMEOUT s"; }
@@ -84,6 +89,12 @@ out=$("$NMT" translate --server "127.0.0.1:$PORT" "Open the file" "Delete %s fil
 [ "$(echo "$out" | wc -l)" = 2 ] || fail "expected 2 translations, got: $out"
 grep -q '%s' <<< "$out" || fail "placeholder %s lost: $out"
 log "translated: $(echo "$out" | tr '\n' '|')"
+# Every model of the repository is served, each answering through its own name.
+for name in $EXPECTED; do
+  one=$("$NMT" translate --server "127.0.0.1:$PORT" --model "$name" "Open the file") \
+    || fail "model $name is not served"
+  log "$name: $one"
+done
 
 for _ in $(seq 60); do  # the image's own HEALTHCHECK (first run after its 10 s interval)
   health=$(docker inspect -f '{{.State.Health.Status}}' "$NAME")

@@ -26,6 +26,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from service.config import FLAGS, env_name, parse
 from service.metrics import Metrics
 from service.models.manifest import load_manifest
+from service.models.repository import scan
 
 yaml = pytest.importorskip("yaml")
 
@@ -50,9 +51,12 @@ def nmt_env(pairs: dict[str, object]) -> dict[str, str]:
     env = {k: str(v) for k, v in pairs.items() if k.startswith("NMT_")}
     assert set(env) <= KNOWN_VARIABLES, set(env) - KNOWN_VARIABLES
     parse([], env=env)  # raises ConfigError on a bad value
-    shipped = sorted(load_manifest(ROOT / IMAGE_MODEL, verify=False).graphs)
-    assert env.get("NMT_PRECISION", "auto") in ["auto", *shipped], \
-        f"NMT_PRECISION={env['NMT_PRECISION']}: the image's model {IMAGE_MODEL} has {shipped}"
+    versions, problems = scan(ROOT / IMAGE_MODEL)
+    assert versions and not problems, (IMAGE_MODEL, problems)
+    for version in versions:  # every model the image serves has the precision asked for
+        shipped = sorted(load_manifest(version.path, verify=False).graphs)
+        assert env.get("NMT_PRECISION", "auto") in ["auto", *shipped], \
+            f"NMT_PRECISION={env['NMT_PRECISION']}: the image's model {version.path} has {shipped}"
     return env
 
 
@@ -81,7 +85,12 @@ def test_dockerfile_serves_as_a_non_root_user_with_health_ports_and_drain() -> N
                                         "${MODEL_REPOSITORY}/", "deploy/healthcheck.py"]
     env = nmt_env(dockerfile_env())
     assert env["NMT_PORT"] == str(GRPC_PORT) and env["NMT_METRICS_PORT"] == str(METRICS_PORT)
-    assert parse([], env=env).model_repository == Path("/opt/nmt/model")
+    config = parse([], env=env)
+    assert config.model_repository == Path("/opt/nmt/models")
+    # the image serves the whole shipped repository, one version per model, en-fr by default
+    served = {v.name for v in scan(ROOT / IMAGE_MODEL)[0]}
+    assert IMAGE_MODEL == "models" and config.default_model == "en-fr" in served
+    assert served >= {"en-fr", "en-de", "en-es"}, served
 
 
 def test_hadolint_finds_no_errors() -> None:
