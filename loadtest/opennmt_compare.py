@@ -18,6 +18,8 @@ Commands::
         --ours build/en-fr/checkpoint-3.pt     # -> loadtest/results/opennmt_quality.{json,md}
     $P speed build/corpus-v2 --tokenizers models/en-fr/3 --minutes 3 --rounds 3
                                                # -> loadtest/results/opennmt_speed.md
+    $P compare build/corpus-v2 --tokenizers build/tokenizers-v2 --minutes 30 --rounds 2
+                                               # -> loadtest/results/opennmt_compare.{json,md}
 
 ``setup`` is the same as this shell snippet (pip must never change torch: any other torch
 version than 2.13.0 pulls a multi-GB CUDA build; OpenNMT-py 3.5.1 asks for torch<2.3, so it
@@ -89,11 +91,26 @@ torch 2.13 refuses: every OpenNMT process gets ``TORCH_FORCE_NO_WEIGHTS_ONLY_LOA
     export/evaluate/evaluate.py's ``decode`` (beam 5) on the same sentences. Writes
     ``loadtest/results/opennmt_quality.json`` and ``.md``.
 
+``compare CORPUS --tokenizers DIR --minutes M [--rounds R] [--ours-args "..."] [--max-sentences N]``
+    Issue 30's one command: ``prepare`` when ``<work>/data`` is missing, then in every round
+    both trainers back to back for M minutes of wall clock each, from scratch (ours first in odd
+    rounds, OpenNMT first in even ones). Ours: ``nmt train CORPUS --tokenizers DIR --attention
+    bahdanau --max-steps 0 --minutes M --validate-steps 200 --threads T --init-uniform 0.1``
+    followed by the words of ``--ours-args`` (a recipe lever, compared by the same command; write
+    ``--ours-args="--dropout 0.3"``); OpenNMT as ``train`` runs it. Updates, sentences/s and target
+    tokens/s as ``speed`` counts them, the minutes used and the load average before and after
+    each run. Then each round's two models (ours: the run's best.pt; OpenNMT: its last
+    checkpoint) on the test and long splits with beam 5, by ``evaluate``'s code. Writes every
+    round, the medians over rounds (and of the differences ours - OpenNMT), the CPU model, its
+    flags, cores and load, and the command line to ``loadtest/results/opennmt_compare.json``
+    and ``.md``. A failed run stops the comparison with an error naming it. Runs under
+    ``<work>/compare/``.
+
 Figures from short budgets (under 10 minutes) or a ``--max-sentences`` subset are labelled
 SMOKE in the result files: they prove the pipeline, they are not acceptance figures.
 
 The stages live in ``loadtest/opennmt/`` (``prepare``, ``train``, ``speed``, ``evaluate``,
-``report``); this file is their command line. Figures and history: ``docs/opennmt.md``.
+``compare``, ``report``); this file is their command line. Figures and history: ``docs/opennmt.md``.
 """
 
 from __future__ import annotations
@@ -173,10 +190,22 @@ def add_evaluate(sub) -> None:
     s.set_defaults(func=cmd_evaluate)
 
 
+def add_compare(sub) -> None:
+    from opennmt.compare import cmd_compare
+
+    s = sub.add_parser("compare", help="both trainers, same wall time, alternating; both evaluated alike")
+    corpus_args(s, tokenizers=True)
+    s.add_argument("--minutes", type=float, required=True, help="wall clock of every training run")
+    s.add_argument("--rounds", type=int, default=1, help="rounds; the order alternates (odd rounds: ours first)")
+    s.add_argument("--ours-args", default="", help='extra `nmt train` arguments, e.g. --ours-args="--dropout 0.3"')
+    s.add_argument("--max-sentences", type=int, help="first N sentences of each split (smoke)")
+    s.set_defaults(func=cmd_compare)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="command", required=True)
-    for add in (add_setup_prepare, add_train, add_speed, add_evaluate, add_worker):
+    for add in (add_setup_prepare, add_train, add_speed, add_evaluate, add_compare, add_worker):
         add(sub)
     args = p.parse_args(argv)
     if args.command != "_onmt-worker" and str(ROOT) not in sys.path:
