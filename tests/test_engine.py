@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from service.decoding import layout
 from service.decoding.layout import compact_order as _compact_order
 from service.decoding.engine import Engine
 from service.options import DecodingOptions
@@ -106,6 +107,40 @@ def test_continuous_batching_gives_the_same_results(engine: Engine, test_sources
         steps += 1
     assert steps > 20
     assert [outputs(results[i]) for i in range(len(alone))] == [outputs(t) for t in alone]
+
+
+@pytest.mark.parametrize("run_tokens", [0, 10**9])  # every text its own run; all in one run
+def test_encoder_runs_change_no_result(engine: Engine, test_sources: list[str], alone: list,
+                                       run_tokens: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(layout, "ENCODER_RUN_TOKENS", run_tokens)
+    runs = []
+    monkeypatch.setattr(engine.runtime, "encode", lambda src, lengths, encode=engine.runtime.encode:
+                        runs.append(len(src)) or encode(src, lengths))
+    prepared = [(i, engine.prepare_text(s, mixed_options(i), i)) for i, s in enumerate(test_sources[:40])]
+    batch, results = engine.new_batch(), {}
+    batch.add(prepared)
+    while batch.live_rows:
+        results.update(batch.step())
+    # no run cost: one run per source length (no padding); a huge one: a single run
+    assert runs == ([40] if run_tokens else [n for n in np.unique([len(p.source_ids) for _, p in prepared],
+                                                                   return_counts=True)[1][::-1]])
+    assert [outputs(results[i]) for i in range(40)] == [outputs(t) for t in alone[:40]]
+
+
+@pytest.mark.parametrize("lengths", [[9], [30, 29, 10, 9, 9, 3], [50, 12, 12, 11, 11, 11, 11, 11, 2, 1], [5] * 7])
+def test_encoder_runs_cut_where_padding_costs_more_than_a_run(lengths: list[int]) -> None:
+    import itertools
+
+    def cost(runs):  # padded tokens plus the runs' fixed cost
+        return sum((end - start) * lengths[start] + layout.ENCODER_RUN_TOKENS for start, end in runs)
+
+    runs = layout.encoder_runs(lengths)
+    assert [i for run in runs for i in range(*run)] == list(range(len(lengths)))  # every text once, in order
+    every = [[(a, b) for a, b in zip((0, *cuts), (*cuts, len(lengths)))]  # each way to cut
+             for k in range(len(lengths)) for cuts in itertools.combinations(range(1, len(lengths)), k)]
+    assert cost(runs) == min(map(cost, every))
+    with pytest.raises(ValueError, match="longest first"):
+        layout.encoder_runs([3, 5])
 
 
 def test_a_text_joins_after_a_longer_one_left(engine: Engine) -> None:

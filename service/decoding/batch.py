@@ -72,7 +72,8 @@ class Batch:
         return int(self._beams @ self._lengths), self.live_rows * self._context.columns
 
     def add(self, items: Sequence[tuple[Key, Prepared]]) -> None:
-        """Encode the texts (one encoder run) and append their rows."""
+        """Encode the texts (one encoder run per group of similar lengths, ``layout.encoder_runs``)
+        and append their rows."""
         if not items:
             return
         new_keys = {key for key, _ in items}
@@ -83,20 +84,27 @@ class Batch:
         lists = self._runtime.shortlist
         texts = [_Text(key=key, prepared=p, start=self._history.steps,
                        candidates=None if lists is None else lists.of_text(p.source_ids)) for key, p in ordered]
-        src, lengths = layout.pad_sources([t.prepared.source_ids for t in texts], self._special.pad)
-        encoded = self._runtime.encode(src, lengths)
+        lengths = np.array([t.src_len for t in texts], dtype=np.int64)
         beams = np.array([t.prepared.rows for t in texts], dtype=np.int64)
-        expand = np.repeat(np.arange(len(texts)), beams)  # (new_rows,) text of each new row
         columns = max(layout.width(int(lengths.max())), self._context.columns)
-        mask = layout.source_mask(lengths, src.shape[1])
-        self._context.append((encoded.annotations[expand], encoded.keys[expand], mask[expand]), columns)
-        state = encoded.init_state[expand]
+        parts, states = [], []
+        for start, end in layout.encoder_runs(lengths):  # runs of similar lengths: less padding
+            src, run_lengths = layout.pad_sources([t.prepared.source_ids for t in texts[start:end]],
+                                                  self._special.pad)
+            encoded = self._runtime.encode(src, run_lengths)
+            expand = np.repeat(np.arange(end - start), beams[start:end])  # (run's rows,) text of each row
+            mask = layout.source_mask(run_lengths, src.shape[1])
+            parts.append((encoded.annotations[expand], encoded.keys[expand], mask[expand]))
+            states.append(encoded.init_state[expand])
+        self._context.append(parts, columns)
+        new_rows = int(beams.sum())
+        state = np.concatenate(states)
         if self._texts:
             state = np.concatenate([self._runtime.host_state(self._state), state])
         self._state = self._runtime.state(state)
-        self._history.reorder(np.concatenate([np.arange(self.live_rows), np.full(len(expand), -1)]))
-        self._prev = np.concatenate([self._prev, np.full(len(expand), self._special.bos, dtype=np.int64)])
-        self._scores = np.concatenate([self._scores, np.zeros(len(expand))])
+        self._history.reorder(np.concatenate([np.arange(self.live_rows), np.full(new_rows, -1)]))
+        self._prev = np.concatenate([self._prev, np.full(new_rows, self._special.bos, dtype=np.int64)])
+        self._scores = np.concatenate([self._scores, np.zeros(new_rows)])
         self._beams = np.concatenate([self._beams, beams])
         self._starts = np.concatenate([self._starts, np.full(len(texts), self._history.steps)])
         self._limits = np.concatenate([self._limits, [t.prepared.max_length for t in texts]])

@@ -21,6 +21,10 @@ WIDTH_MULTIPLE = 4  # every src_len the decoder step sees is a multiple of this 
 WIDTH_SLACK = 1.25  # keep up to 25% unneeded columns rather than copy the context to trim them
 MAX_MOVED_SHARE = 0.5  # above this share of rows moving, build a fresh context instead
 GROWTH, MIN_CAPACITY = 2, 16  # a new context allocation has room for this many times its rows
+# An encoder run's fixed cost, in padded source tokens: en-fr/3's int8 encoder, 2 threads, AMD Zen 3
+# (AVX2), costs about 0.39 ms a run plus 23 us per padded token (rows x the run's longest source)
+# (``loadtest/bench_encoder_runs.py``)
+ENCODER_RUN_TOKENS = 16
 
 
 def width(longest_source: int) -> int:
@@ -48,6 +52,33 @@ def pad_sources(sources: Sequence[Sequence[int]], pad_id: int) -> tuple[np.ndarr
     for row, ids in enumerate(sources):
         src[row, : len(ids)] = ids
     return src, lengths
+
+
+def encoder_runs(lengths: Sequence[int], run_tokens: int | None = None) -> list[tuple[int, int]]:
+    """How to cut texts sorted longest first into encoder runs: (start, end) of each run, in order.
+
+    The encoder's GRU computes every row of a run up to the run's longest source, so
+    a run of mixed lengths pays for padding; each run also pays a fixed cost. The
+    cuts minimise (rows x the run's longest source) summed over runs, plus
+    ``run_tokens`` per run (default ``ENCODER_RUN_TOKENS``; dynamic programming over the
+    sorted lengths).
+    """
+    run_tokens = ENCODER_RUN_TOKENS if run_tokens is None else run_tokens
+    lengths = np.asarray(lengths, dtype=np.int64)
+    n = len(lengths)
+    if n and np.any(lengths[1:] > lengths[:-1]):
+        raise ValueError("lengths must be sorted longest first")
+    best = np.zeros(n + 1, dtype=np.int64)  # best[e]: the least cost of the first e texts
+    cut = np.zeros(n + 1, dtype=np.int64)  # the start of the last run of that best
+    for end in range(1, n + 1):
+        costs = best[:end] + run_tokens + (end - np.arange(end)) * lengths[:end]
+        cut[end] = int(np.argmin(costs))
+        best[end] = costs[cut[end]]
+    runs, end = [], n
+    while end:
+        runs.append((int(cut[end]), end))
+        end = int(cut[end])
+    return runs[::-1]
 
 
 def compact_order(sizes: Sequence[int], keep: Sequence[bool]) -> list[int]:
@@ -102,21 +133,24 @@ class RowContext:
     def clear(self) -> None:
         self.arrays, self._backing, self.device = (), (), None
 
-    def append(self, new: tuple[np.ndarray, ...], columns: int) -> None:
-        """Append rows (annotations, keys, mask; (new_rows, src_len, ...)) after the live rows,
-        zero-padded (mask: False) to ``columns``."""
+    def append(self, parts: Sequence[tuple[np.ndarray, ...]], columns: int) -> None:
+        """Append rows after the live rows: ``parts``, each (annotations, keys, mask) of
+        (part_rows, src_len, ...) (one per encoder run), zero-padded (mask: False) to ``columns``."""
         start = len(self.arrays[0]) if self.arrays else 0
-        end = start + len(new[0])
+        end = start + sum(len(part[0]) for part in parts)
         if self.arrays and columns == self.columns and end <= len(self._backing[0]):
             backing = self._backing  # room after the live rows: the kept rows are not copied
         else:  # a wider source or no room: a new allocation, with room for texts joining later
             backing = tuple(np.zeros((max(end * GROWTH, MIN_CAPACITY), columns, *b.shape[2:]), dtype=b.dtype)
-                            for b in new)
+                            for b in parts[0])
             for target, rows in zip(backing, self.arrays):
                 target[:start, : rows.shape[1]] = rows
-        for target, rows in zip(backing, new):
-            target[start:end, : rows.shape[1]] = rows
-            target[start:end, rows.shape[1]:] = 0
+        for part in parts:
+            stop = start + len(part[0])
+            for target, rows in zip(backing, part):
+                target[start:stop, : rows.shape[1]] = rows
+                target[start:stop, rows.shape[1]:] = 0
+            start = stop
         self._backing = backing
         self._publish(tuple(b[:end] for b in backing))
 
