@@ -102,3 +102,35 @@ def table(profiles: Sequence[StepProfile]) -> list[str]:
                      f"{p.runtime_ms:.2f} | {p.outside_share:.1%} | {p.full_steps} | {p.full_step_ms:.2f} | "
                      f"{p.full_runtime_ms:.2f} | {p.full_outside_share:.1%} | {p.encode_ms:.1f} |")
     return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python loadtest/step_profile.py models/en-fr/3 --texts build/corpus-v2/test.jsonl``: the
+    served repository's int8 engine, greedy at 64 texts per batch and beam 5 at 13 (about 64
+    rows each), every test source of 4 to 30 words; prints the table."""
+    import argparse
+    import json
+    from pathlib import Path
+
+    p = argparse.ArgumentParser(description=main.__doc__)
+    p.add_argument("repository", type=Path)
+    p.add_argument("--texts", type=Path, required=True)
+    p.add_argument("--sentences", type=int, default=640)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--rounds", type=int, default=2, help="the last round is reported (the first warms up)")
+    args = p.parse_args(argv)
+    pairs = [json.loads(line) for line in args.texts.read_text().splitlines() if line.strip()]
+    sources = [x["src_raw"] for x in pairs if 4 <= len(x["src_raw"].split()) <= 30][: args.sentences]
+    engine = Engine(args.repository, precision="int8", intra_op_threads=args.threads)
+    for _ in range(args.rounds):
+        profiles = [profile(engine, sources, beam=beam, texts=texts, max_len=200, max_ratio=3.0)
+                    for beam, texts in ((1, 64), (5, 13))]
+    print("\n".join(table(profiles)))
+    for p_ in profiles:
+        print(f"beam {p_.beam}, {p_.texts} texts: outside ONNX Runtime {p_.step_ms - p_.runtime_ms:.3f} ms per step "
+              f"at {p_.rows:.0f} mean rows")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
