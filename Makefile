@@ -70,7 +70,7 @@ DEBIAN_CORPUS_PACKAGES := a2ps=1:4.14-8 accountsservice=22.08.8-6 acl=2.3.1-3 ad
 	xfburn=0.6.2-1+b1 xfce4-panel=4.18.2-1 xfce4-session=4.18.1-1 xfce4-settings=4.18.2-1 xfce4-terminal=1.0.4-1 \
 	xfdesktop4-data=4.18.1-1 xfwm4=4.18.0-1 xkb-data=2.35.1-1 xz-utils=5.4.1-1+deb12u2 yelp=42.2-1+deb12u2
 BUILD := build
-# the language pair of `make model`: en-fr (the default, version 3), en-de, en-es, fr-en (version 1 each);
+# the language pair of `make model`: en-fr (the default, version 3), en-de (version 2), en-es, fr-en (version 1);
 # en-fr keeps its paths (build/corpus-v2, build/tokenizers-v2, build/train-v2-<kind>-u0.1), the others are
 # suffixed (build/corpus-v2-en-de, ...); fr-en is en-fr's corpus turned around (same sentences per split)
 PAIR ?= en-fr
@@ -79,7 +79,7 @@ ifeq ($(filter $(PAIR),$(PAIRS)),)
 $(error PAIR=$(PAIR): not one of $(PAIRS))
 endif
 PAIR_TAG := $(if $(filter en-fr,$(PAIR)),,-$(PAIR))
-MODEL_VERSION := $(if $(filter en-fr,$(PAIR)),3,1)
+MODEL_VERSION := $(if $(filter en-fr,$(PAIR)),3,$(if $(filter en-de,$(PAIR)),2,1))
 CORPUS := $(BUILD)/corpus-v2$(PAIR_TAG)
 TOKENIZERS := $(BUILD)/tokenizers-v2$(PAIR_TAG)
 # the decoder's attention: bahdanau (RNNsearch), luong-general, luong-dot, none (RNNencdec)
@@ -160,7 +160,7 @@ $(BUILD)/train-v2$(PAIR_TAG)-%$(INIT_TAG)/best.pt: | $(TOKENIZERS)/target.model
 
 # corpus -> tokenizers -> training -> release -> evaluation -> export + verification -> engine quality -> int8
 # only, end to end (PAIR=en-fr: about 40 minutes on 2 Xeon cores). Writes models/$(PAIR)/$(MODEL_VERSION)/ (en-fr/3
-# by default; en-de/1, en-es/1, fr-en/1) and its evaluation; the fp32 graphs stay in $(BUILD)/$(PAIR)/, the fp16
+# by default; en-de/2, en-es/1, fr-en/1) and its evaluation; the fp32 graphs stay in $(BUILD)/$(PAIR)/, the fp16
 # checkpoint (the served version's, for `nmt export` and `nmt train --resume`) ships in models/$(PAIR)/
 # en-fr alone gets the vocabulary shortlist (--shortlist; off by default)
 V := $(MODEL_VERSION)
