@@ -10,7 +10,7 @@ import pytest
 
 from service.decoding.batch import Batch
 from service.decoding.runtime import EncoderOutput, StepOutput
-from service.decoding.search import NEG_INF, apply, choose, greedy_apply, normalized_score
+from service.decoding.search import NEG_INF, apply, choose, normalized_score
 from service.interface import Prepared, SpecialIds
 from service.options import DecodingOptions
 
@@ -72,23 +72,6 @@ def test_greedy_takes_the_second_candidate_when_the_first_is_eos() -> None:
     c = choose(np.zeros((2, 1)), lp, beam_size=1, eos_id=EOS, token_ids=ids)
     assert c.finished[:, 0].tolist() == [True, False]
     assert c.live_tokens[:, 0].tolist() == [4, 5]
-
-
-@pytest.mark.parametrize("seed", range(5))
-def test_greedy_apply_equals_the_general_step_bit_for_bit(seed: int) -> None:
-    rng = np.random.default_rng(seed)
-    texts, k = 50, 2 + seed % 3
-    ids = rng.integers(0, 6, size=(texts, k))  # EOS (3) among them often, first and second
-    ids[:, 1] = np.where(ids[:, 1] == ids[:, 0], ids[:, 0] + 1, ids[:, 1])  # distinct candidates
-    lp = -np.sort(rng.exponential(size=(texts, k)), axis=1).astype(np.float32)
-    scores, starts = rng.normal(size=texts) * 5, np.sort(rng.choice(500, size=texts, replace=False))
-    general = apply(choose(scores[:, None], lp[:, None, :], beam_size=1, eos_id=EOS, token_ids=ids[:, None, :]),
-                    starts)
-    fast = greedy_apply(scores, lp, ids, eos_id=EOS, block_starts=starts)
-    assert fast.ended and fast.ended == general.ended  # (text, row, score), exactly
-    for name in ("scores", "tokens", "parents"):
-        assert np.array_equal(getattr(fast, name), getattr(general, name)), name
-        assert getattr(fast, name).dtype == getattr(general, name).dtype, name
 
 
 def test_apply_gives_batch_rows_and_the_eos_hypotheses() -> None:

@@ -21,7 +21,6 @@ one); they tell only which languages are served. Translations use beam search
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 from typing import Any, Awaitable, Callable, Sequence
@@ -136,7 +135,7 @@ class LibreTranslate:
 
     async def _detect(self, params: dict) -> list[dict]:
         q = _texts(params)[0]
-        await asyncio.to_thread(language_id.warm)  # its first load takes 0.7 s: not on the event loop
+        await language_id.load()
         text = " ".join(q)
         guesses = language_id.rank(text, self._sources(""))
         if not guesses:
@@ -158,7 +157,7 @@ class LibreTranslate:
         detected: list[dict] = []
         sources = [source] * len(texts)
         if source == "auto":
-            await asyncio.to_thread(language_id.warm)
+            await language_id.load()
             sources, detected = self._detect_each(texts, target)
         elif source == target:
             raise LtError(f"target must differ from source, got {target!r} for both")

@@ -119,21 +119,6 @@ def apply(choice: BeamChoice, block_starts: np.ndarray) -> Applied:
                    parents=parents, ended=ended)
 
 
-def greedy_apply(scores: np.ndarray, log_probs: np.ndarray, token_ids: np.ndarray, *, eos_id: int,
-                 block_starts: np.ndarray) -> Applied:
-    """``apply(choose(...), block_starts)`` for beam size 1, in fewer operations (the per-step path
-    of greedy texts): ``scores`` (texts,), ``log_probs`` and ``token_ids`` (texts, k >= 2) the
-    top-k, sorted descending. The best candidate, or the second when the best is EOS (which
-    finishes the text's hypothesis)."""
-    total = scores.astype(np.float64)[:, None] + log_probs[:, :2]  # (texts, 2)
-    ids = token_ids[:, :2].astype(np.int64, copy=False)
-    eos = ids[:, 0] == eos_id
-    live, pick = eos.astype(np.int64), np.arange(len(ids))
-    ended = [(int(t), int(block_starts[t]), float(total[t, 0])) for t in np.flatnonzero(eos).tolist()]
-    return Applied(scores=total[pick, live], tokens=ids[pick, live],
-                   parents=np.array(block_starts, dtype=np.int64), ended=ended)
-
-
 def normalized_score(score: float, *, length: int, length_penalty: float) -> float:
     """``score / length ** length_penalty``; length counts target tokens including EOS."""
     return score / max(length, 1) ** length_penalty
