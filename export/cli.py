@@ -89,6 +89,7 @@ def tokenizers_main(argv: list[str]) -> int:
 @one_line_errors("train")
 def train_main(argv: list[str]) -> int:
     from export.train import training as train
+    from export.train.recipe import SCHEDULES
 
     d = train.TrainConfig()
     p = argparse.ArgumentParser(prog="nmt train", description=train.__doc__)
@@ -110,6 +111,16 @@ def train_main(argv: list[str]) -> int:
     p.add_argument("--init-uniform", type=float, default=d.init_uniform,
                    help="draw a new model's weights from uniform(-x, x), as OpenNMT-py (0: PyTorch's defaults)")
     p.add_argument("--resume", type=Path, help="continue from a last.pt")
+    p.add_argument("--warmup-steps", type=int, default=d.warmup_steps, help="linear learning-rate warm-up")
+    p.add_argument("--lr-schedule", choices=SCHEDULES, default=d.lr_schedule,
+                   help="after the warm-up: halve the rate when the validation BLEU stalls (plateau), or "
+                        "lr * sqrt(warmup / step) (rsqrt)")
+    p.add_argument("--ema-decay", type=float, default=d.ema_decay,
+                   help="keep an exponential moving average of the weights (e.g. 0.999), written as ema.pt")
+    p.add_argument("--valid-long", type=int, default=d.valid_long,
+                   help="also decode the N longest validation pairs for the BLEU that chooses best.pt")
+    p.add_argument("--keep-checkpoints", action="store_true",
+                   help="keep every validation's weights as checkpoints/step-N.pt (fp16), to average")
     for name in ("emb_size", "enc_hidden_size", "dec_hidden_size", "attn_size", "out_size"):
         p.add_argument(f"--{name.replace('_', '-')}", type=int)
     p.add_argument("--dropout", type=float)
@@ -122,7 +133,10 @@ def train_main(argv: list[str]) -> int:
     config = train.TrainConfig(minutes=args.minutes, max_epochs=args.max_epochs, max_steps=args.max_steps,
                                batch_tokens=args.batch_tokens, lr=args.lr,
                                validate_minutes=args.validate_minutes, validate_steps=args.validate_steps,
-                               seed=args.seed, threads=args.threads, init_uniform=args.init_uniform)
+                               seed=args.seed, threads=args.threads, init_uniform=args.init_uniform,
+                               warmup_steps=args.warmup_steps, lr_schedule=args.lr_schedule,
+                               ema_decay=args.ema_decay, valid_long=args.valid_long,
+                               keep_checkpoints=args.keep_checkpoints)
     best = train.train(args.corpus, args.tokenizers, args.output, model_config=model_config,
                        config=config, resume=args.resume)
     print(f"best checkpoint: {best}")
@@ -139,10 +153,13 @@ def release_main(argv: list[str]) -> int:
     p.add_argument("checkpoint", type=Path)
     p.add_argument("output", type=Path)
     p.add_argument("--force", action="store_true", help="overwrite an existing output")
+    p.add_argument("--average", type=Path, nargs="+", default=[], metavar="CHECKPOINT",
+                   help="average the weights with these checkpoints of the same run (e.g. the last "
+                        "ones `nmt train --keep-checkpoints` kept)")
     args = p.parse_args(argv)
     if args.output.exists() and not args.force:
         raise FileExistsError(f"{args.output}: exists (use --force to overwrite)")
-    release(args.checkpoint, args.output)
+    release(args.checkpoint, args.output, average=args.average)
     print(f"released {args.checkpoint} -> {args.output} ({args.output.stat().st_size / 1e6:.1f} MB)")
     return 0
 

@@ -91,8 +91,18 @@ def load_checkpoint(path: Path) -> Checkpoint:
     return ckpt
 
 
-def release(checkpoint: Path, output: Path) -> None:
-    """The shipped form of a checkpoint: fp16 weights, training state kept, optimizer dropped."""
+def release(checkpoint: Path, output: Path, *, average: list[Path] = ()) -> None:
+    """The shipped form of a checkpoint: fp16 weights, training state kept, optimizer dropped.
+
+    With ``average``, the weights are the mean of ``checkpoint``'s and theirs (checkpoints of one
+    run, as OpenNMT-py's ``average_models``); the training state is ``checkpoint``'s."""
     ckpt = load_checkpoint(checkpoint)
-    extra = {k: v for k, v in ckpt.extra.items() if k not in ("optimizer", "scheduler")}
-    save_checkpoint(output, ckpt.model(), ckpt.tokenizers, extra=extra, half=True)
+    extra = {k: v for k, v in ckpt.extra.items() if k not in ("optimizer", "scheduler", "ema")}
+    model = ckpt.model()
+    if average:
+        from export.train.recipe import average_weights
+
+        _, weights = average_weights([checkpoint, *average])
+        model.load_state_dict(weights)
+        extra["averaged"] = [str(p) for p in (checkpoint, *average)]
+    save_checkpoint(output, model, ckpt.tokenizers, extra=extra, half=True)

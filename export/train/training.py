@@ -21,12 +21,13 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 from export.data.pairs import Pair, read_split
+from export.train import recipe
+from export.train.batches import Example, collate, encode_pairs, make_batches, pack_batches, padded_length  # noqa: F401
 from export.train.checkpoint import load_checkpoint, save_checkpoint
 from export.train.model import RNNSearch
 from export.train.search import greedy
-from service.decoding.layout import pad_sources
 from service.models.config import ModelConfig
-from service.text.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer
+from service.text.tokenizer import EOS_ID, Tokenizer
 
 
 @dataclass(frozen=True)
@@ -47,62 +48,11 @@ class TrainConfig:
     seed: int = 1
     threads: int = 2
     init_uniform: float = 0.0  # if > 0, a new model's weights from uniform(-x, x) (OpenNMT-py's param_init)
-
-
-Example = tuple[list[int], list[int]]  # (source ids with EOS, target ids with EOS)
-
-
-def encode_pairs(pairs: list[Pair], tok: Tokenizer, max_len: int) -> list[Example]:
-    out = []
-    for p in pairs:
-        src = tok.source.encode(p.src) + [EOS_ID]
-        tgt = tok.encode_target(p.tgt)
-        if len(src) <= max_len and len(tgt) <= max_len:
-            out.append((src, tgt))
-    return out
-
-
-def padded_length(example: Example) -> int:
-    """What an example costs in the token budget: the longer of its source and target (+ BOS)."""
-    return max(len(example[0]), len(example[1]) + 1)
-
-
-def make_batches(data: list[Example], batch_tokens: int, rng: random.Random) -> list[list[int]]:
-    """Indices grouped by ``padded_length`` (with noise), each batch within the token budget.
-
-    Grouped by what the budget counts, a batch is nearly all real tokens on both sides: grouped
-    by source length alone, a batch's targets differ in length, the longest fills the budget
-    and a batch held about 130 sentences instead of about 210 (corpus v2, 3,000 tokens)."""
-    order = sorted(range(len(data)), key=lambda i: (padded_length(data[i]) + rng.random() * 2, len(data[i][1])))
-    batches = pack_batches(data, order, batch_tokens)
-    rng.shuffle(batches)
-    return batches
-
-
-def pack_batches(data: list[Example], order: list[int], batch_tokens: int) -> list[list[int]]:
-    """``order`` cut into consecutive batches whose rows x longest ``padded_length`` stay within
-    ``batch_tokens``."""
-    batches, cur, longest = [], [], 0
-    for i in order:
-        n = padded_length(data[i])
-        if cur and max(longest, n) * (len(cur) + 1) > batch_tokens:
-            batches.append(cur)
-            cur, longest = [], 0
-        cur.append(i)
-        longest = max(longest, n)
-    return batches + [cur] if cur else batches
-
-
-def collate(examples: list[Example]) -> tuple[torch.Tensor, ...]:
-    """-> src (batch, src_len), src_lengths (batch,), tgt_in, tgt_out (batch, tgt_len)."""
-    src, lengths = pad_sources([s for s, _ in examples], PAD_ID)  # the serving batch's padding
-    tgt_len = max(len(t) for _, t in examples)
-    tgt_in = torch.full((len(examples), tgt_len), PAD_ID, dtype=torch.long)
-    tgt_out = torch.full((len(examples), tgt_len), PAD_ID, dtype=torch.long)
-    for b, (_, t) in enumerate(examples):
-        tgt_in[b, : len(t)] = torch.tensor([BOS_ID] + t[:-1])
-        tgt_out[b, : len(t)] = torch.tensor(t)
-    return torch.from_numpy(src), torch.from_numpy(lengths), tgt_in, tgt_out
+    warmup_steps: int = 0  # linear learning-rate warm-up (recipe.lr_at)
+    lr_schedule: str = "plateau"  # after the warm-up: halve on a stalled validation BLEU, or "rsqrt"
+    ema_decay: float = 0.0  # if > 0, an exponential moving average of the weights, saved as ema.pt
+    valid_long: int = 0  # the longest validation pairs (beyond bleu_slice) also decoded for BLEU
+    keep_checkpoints: bool = False  # every validation's weights kept as checkpoints/step-<N>.pt (fp16)
 
 
 def loss_on(model: RNNSearch, batch: tuple[torch.Tensor, ...], smoothing: float) -> tuple[torch.Tensor, int]:
@@ -113,15 +63,16 @@ def loss_on(model: RNNSearch, batch: tuple[torch.Tensor, ...], smoothing: float)
 
 @torch.inference_mode()
 def validate(model: RNNSearch, data: list[Example], pairs: list[Pair], tok: Tokenizer,
-             cfg: TrainConfig) -> tuple[float, float]:
-    """(per-token NLL on the whole split, greedy BLEU on a slice as users see it)."""
+             cfg: TrainConfig) -> tuple[float, float, str]:
+    """(per-token NLL on the whole split, greedy BLEU on a slice as users see it, and with
+    ``valid_long`` the BLEU of its two parts, for the log)."""
     model.eval()
     total, count = 0.0, 0
     for idx in make_batches(data, cfg.batch_tokens, random.Random(0)):
         loss, n = loss_on(model, collate([data[i] for i in idx]), 0.0)
         total, count = total + float(loss), count + n
     hyps, refs = [], []
-    sl = pairs[: cfg.bleu_slice]
+    sl = recipe.bleu_pairs(pairs, cfg.bleu_slice, cfg.valid_long)
     for start in range(0, len(sl), 64):
         chunk = sl[start:start + 64]
         enc = [tok.encode(p.src_raw) for p in chunk]
@@ -130,22 +81,33 @@ def validate(model: RNNSearch, data: list[Example], pairs: list[Pair], tok: Toke
             hyps.append(tok.decode(h.tokens, e.placeholders))
             refs.append(p.tgt_raw)
     model.train()
-    return total / max(count, 1), sacrebleu.corpus_bleu(hyps, [refs]).score
+    parts, head = "", min(cfg.bleu_slice, len(pairs))
+    if len(hyps) > head:
+        parts = (f" (first {head}: {sacrebleu.corpus_bleu(hyps[:head], [refs[:head]]).score:.2f}, "
+                 f"{len(hyps) - head} longest: {sacrebleu.corpus_bleu(hyps[head:], [refs[head:]]).score:.2f})")
+    return total / max(count, 1), sacrebleu.corpus_bleu(hyps, [refs]).score, parts
 
 
-def _update(model: RNNSearch, opt: torch.optim.Optimizer, batch, config: TrainConfig):
-    """One optimizer step on a collated batch: (summed loss, target tokens)."""
+def _update(run: "_Run", batch, step: int):
+    """Update ``step`` (1-based) on a collated batch: (summed loss, target tokens)."""
+    config, model, opt = run.config, run.model, run.opt
+    lr = recipe.lr_at(step, config.lr, config.warmup_steps, config.lr_schedule)
+    if lr is not None:
+        for group in opt.param_groups:
+            group["lr"] = lr
     loss, n = loss_on(model, batch, config.label_smoothing)
     opt.zero_grad(set_to_none=True)
     (loss / n).backward()
     torch.nn.utils.clip_grad_norm_(model.parameters(), config.clip_norm)
     opt.step()
+    if run.ema is not None:
+        run.ema.update(model)
     return loss, n
 
 
 def _start(tok: Tokenizer, model_config: dict | None, config: TrainConfig, resume: Path | None):
     """A new model, or the one ``resume`` names with its optimizer and training state:
-    (model, optimizer, lr scheduler, state)."""
+    (model, optimizer, lr scheduler, state, weight average or None)."""
     state: dict = {"step": 0, "epoch": 0, "best_bleu": -1.0, "elapsed": 0.0}
     ckpt = load_checkpoint(resume) if resume is not None else None
     if ckpt is not None:
@@ -164,12 +126,15 @@ def _start(tok: Tokenizer, model_config: dict | None, config: TrainConfig, resum
                 torch.nn.init.uniform_(param, -config.init_uniform, config.init_uniform)
     opt = torch.optim.Adam(model.parameters(), lr=config.lr)
     sched = torch.optim.lr_scheduler.ReduceLROnPlateau(opt, mode="max", factor=0.5, patience=2)
+    ema = recipe.WeightAverage(model, config.ema_decay) if config.ema_decay > 0 else None
     if ckpt is not None and "optimizer" in ckpt.extra:
         opt.load_state_dict(ckpt.extra["optimizer"])
         sched.load_state_dict(ckpt.extra["scheduler"])
     if ckpt is not None and "torch_rng_state" in ckpt.extra:
         torch.set_rng_state(ckpt.extra["torch_rng_state"])  # dropout continues as uninterrupted
-    return model, opt, sched, state
+    if ema is not None and ckpt is not None and "ema" in ckpt.extra:
+        ema.load_state_dict(ckpt.extra["ema"])  # else the average starts from the resumed weights
+    return model, opt, sched, state, ema
 
 
 @dataclass
@@ -190,19 +155,28 @@ class _Run:
     start: float = 0.0  # time.monotonic() of the run's start, less the time of the run resumed
     last_valid: float = 0.0  # time.monotonic() of the last validation
     languages: dict | None = None  # the corpus manifest's {"source", "target"}: the export's manifest names them
+    ema: recipe.WeightAverage | None = None
 
     def save(self, path: Path) -> None:
         save_checkpoint(path, self.model, self.sp_files, extra={
             **({"languages": self.languages} if self.languages else {}),
             "train_config": asdict(self.config), "train_state": dict(self.state),
             "optimizer": self.opt.state_dict(), "scheduler": self.sched.state_dict(),
-            "torch_rng_state": torch.get_rng_state()})
+            "torch_rng_state": torch.get_rng_state(),
+            **({"ema": self.ema.state_dict()} if self.ema is not None else {})})
+
+    def save_weights(self, path: Path, *, half: bool) -> None:
+        """The weights with the training state but no optimizer (kept and averaged checkpoints)."""
+        save_checkpoint(path, self.model, self.sp_files, half=half, extra={
+            **({"languages": self.languages} if self.languages else {}),
+            "train_config": asdict(self.config), "train_state": dict(self.state)})
 
     def validate_and_save(self) -> None:
         state = self.state
         state["elapsed"] = time.monotonic() - self.start
-        v_loss, v_bleu = validate(self.model, self.valid_data, self.valid_pairs, self.tok, self.config)
-        self.sched.step(v_bleu)
+        v_loss, v_bleu, parts = validate(self.model, self.valid_data, self.valid_pairs, self.tok, self.config)
+        if self.config.lr_schedule == "plateau" and state["step"] > self.config.warmup_steps:
+            self.sched.step(v_bleu)
         # a tie in BLEU (a saturated slice) goes to the lower validation loss, not the earlier
         improved = v_bleu > state["best_bleu"] or (v_bleu == state["best_bleu"]
                                                    and v_loss < state.get("best_loss", math.inf))
@@ -210,9 +184,14 @@ class _Run:
             state["best_bleu"], state["best_loss"] = v_bleu, v_loss
             self.save(self.out_dir / "best.pt")
         self.save(self.out_dir / "last.pt")
+        if self.config.keep_checkpoints:
+            self.save_weights(self.out_dir / "checkpoints" / f"step-{state['step']}.pt", half=True)
+        if self.ema is not None:
+            with self.ema.applied(self.model):
+                self.save_weights(self.out_dir / "ema.pt", half=False)
         self.last_valid = time.monotonic()
         self.log(f"step {state['step']} epoch {state['epoch'] + 1} {state['elapsed'] / 60:.1f} min: "
-                 f"valid loss {v_loss:.3f} ppl {math.exp(v_loss):.1f} greedy BLEU {v_bleu:.2f}"
+                 f"valid loss {v_loss:.3f} ppl {math.exp(v_loss):.1f} greedy BLEU {v_bleu:.2f}{parts}"
                  f"{' (best)' if improved else ''} lr {self.opt.param_groups[0]['lr']:.2e}")
 
 
@@ -223,7 +202,7 @@ def _epoch(run: _Run, data: list[Example], batches: list[list[int]], skip: int) 
                leave=False, initial=skip, total=len(batches))
     tokens_seen, t0 = 0, time.monotonic()
     for idx in bar:
-        loss, n = _update(run.model, run.opt, collate([data[i] for i in idx]), config)
+        loss, n = _update(run, collate([data[i] for i in idx]), state["step"] + 1)
         state["step"] += 1
         tokens_seen += n
         bar.set_postfix(loss=f"{loss.item() / n:.3f}",
@@ -263,6 +242,7 @@ def corpus_languages(corpus_dir: Path) -> dict | None:
 def train(corpus_dir: Path, tokenizer_dir: Path, out_dir: Path, *, model_config: dict | None = None,
           config: TrainConfig = TrainConfig(), resume: Path | None = None, log=print) -> Path:
     """Train until the time budget, the step budget or the epoch limit; returns the best checkpoint's path."""
+    recipe.lr_at(1, config.lr, config.warmup_steps, config.lr_schedule)  # a bad schedule fails first
     torch.set_num_threads(config.threads)
     random.seed(config.seed)
     torch.manual_seed(config.seed)
@@ -273,13 +253,13 @@ def train(corpus_dir: Path, tokenizer_dir: Path, out_dir: Path, *, model_config:
     valid_data = encode_pairs(valid_pairs, tok, config.max_len)
     if not train_data:
         raise ValueError(f"{corpus_dir / 'train.jsonl'}: no usable training pairs")
-    model, opt, sched, state = _start(tok, model_config, config, resume)
+    model, opt, sched, state, ema = _start(tok, model_config, config, resume)
     out_dir.mkdir(parents=True, exist_ok=True)
     log(f"model: {model.num_parameters() / 1e6:.2f}M parameters {asdict(model.config)}; "
         f"data: {len(train_data)} train, {len(valid_data)} valid examples")
     run = _Run(model=model, opt=opt, sched=sched, state=state, config=config, tok=tok, sp_files=sp_files,
                out_dir=out_dir, valid_data=valid_data, valid_pairs=valid_pairs, log=log,
-               languages=corpus_languages(corpus_dir))
+               languages=corpus_languages(corpus_dir), ema=ema)
     rng, skip = _batch_order(train_data, config, state)
     run.start, run.last_valid = time.monotonic() - state["elapsed"], time.monotonic()
     model.train()
