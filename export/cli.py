@@ -89,7 +89,7 @@ def tokenizers_main(argv: list[str]) -> int:
 @one_line_errors("train")
 def train_main(argv: list[str]) -> int:
     from export.train import training as train
-    from export.train.recipe import SCHEDULES
+    from export.train.recipe import BF16_SETTINGS, SCHEDULES
 
     d = train.TrainConfig()
     p = argparse.ArgumentParser(prog="nmt train", description=train.__doc__)
@@ -119,6 +119,8 @@ def train_main(argv: list[str]) -> int:
                    help="keep an exponential moving average of the weights (e.g. 0.999), written as ema.pt")
     p.add_argument("--valid-long", type=int, default=d.valid_long,
                    help="also decode the N longest validation pairs for the BLEU that chooses best.pt")
+    p.add_argument("--bf16", choices=BF16_SETTINGS, default=d.bf16,
+                   help="bf16 autocast of the forward pass: auto where the CPU has AMX or AVX-512 BF16")
     p.add_argument("--keep-checkpoints", action="store_true",
                    help="keep every validation's weights as checkpoints/step-N.pt (fp16), to average")
     for name in ("emb_size", "enc_hidden_size", "dec_hidden_size", "attn_size", "out_size"):
@@ -136,7 +138,7 @@ def train_main(argv: list[str]) -> int:
                                seed=args.seed, threads=args.threads, init_uniform=args.init_uniform,
                                warmup_steps=args.warmup_steps, lr_schedule=args.lr_schedule,
                                ema_decay=args.ema_decay, valid_long=args.valid_long,
-                               keep_checkpoints=args.keep_checkpoints)
+                               keep_checkpoints=args.keep_checkpoints, bf16=args.bf16)
     best = train.train(args.corpus, args.tokenizers, args.output, model_config=model_config,
                        config=config, resume=args.resume)
     print(f"best checkpoint: {best}")

@@ -20,6 +20,9 @@ Commands::
                                                # -> loadtest/results/opennmt_speed.md
     $P compare build/corpus-v2 --tokenizers build/tokenizers-v2 --minutes 30 --rounds 2
                                                # -> loadtest/results/opennmt_compare.{json,md}
+    $P levers build/corpus-v2 --tokenizers build/tokenizers-v2 --minutes 10 \\
+        --lever "rsqrt=--lr 0.002 --warmup-steps 100 --lr-schedule rsqrt"
+                                               # -> loadtest/results/opennmt_levers.{json,md}
 
 ``setup`` is the same as this shell snippet (pip must never change torch: any other torch
 version than 2.13.0 pulls a multi-GB CUDA build; OpenNMT-py 3.5.1 asks for torch<2.3, so it
@@ -120,6 +123,7 @@ import sys
 from pathlib import Path
 
 from opennmt.common import ROOT  # loadtest/ is on sys.path: this script's directory
+from opennmt.levers import add_levers
 
 
 def corpus_args(s: argparse.ArgumentParser, tokenizers: bool = False) -> None:
@@ -205,9 +209,10 @@ def add_compare(sub) -> None:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="command", required=True)
-    for add in (add_setup_prepare, add_train, add_speed, add_evaluate, add_compare, add_worker):
+    for add in (add_setup_prepare, add_train, add_speed, add_evaluate, add_compare, add_levers, add_worker):
         add(sub)
     args = p.parse_args(argv)
+    args.argv = [".venv/bin/python", "loadtest/opennmt_compare.py", *(sys.argv[1:] if argv is None else argv)]
     if args.command != "_onmt-worker" and str(ROOT) not in sys.path:
         sys.path.insert(0, str(ROOT))
     return args.func(args)

@@ -93,3 +93,25 @@ def test_offline_command_without_export_says_how_to_install() -> None:
 def test_unknown_command(capsys) -> None:
     assert nmt_main(["frobnicate"]) == 2
     assert "unknown command 'frobnicate'" in capsys.readouterr().err
+
+
+def test_characters_with_no_piece_are_counted_and_kept(tiny_checkpoint: Path, tiny_tokenizers: Path,
+                                                      tmp_path: Path) -> None:
+    """Runs of characters the vocabulary cannot read (an emoji with its skin tone, a rare symbol) are
+    counted per split, and the share found again in the translations is reported (issue 30, item 4)."""
+    from conftest import make_corpus
+    from service.text.tokenizer import Tokenizer
+
+    tok = Tokenizer(tiny_tokenizers / "source.model", tiny_tokenizers / "target.model")
+    assert evaluate.unknown_runs(tok, "Delete 👍🏽 files %s ⌘ now") == ("👍🏽", "⌘")  # %s is a placeholder
+    assert evaluate.kept_runs(["Supprimer 👍🏽 ⌘", "⌘"], (("👍🏽", "⌘", "⌘"), ("⌘",))) == (4, 3)
+    pairs = [("Delete 👍🏽 files", "Supprimer 👍🏽 fichiers"), ("The red car ⌘", "La voiture rouge ⌘"),
+             ("The red car", "La voiture rouge")]
+    corpus = make_corpus(tmp_path / "corpus", pairs, pairs)
+    results = evaluate.evaluate(tiny_checkpoint, corpus, tmp_path / "eval", beam_size=2, heatmaps=(),
+                                log=lambda *_: None)
+    for name, r in results["decoders"].items():
+        written = (tmp_path / "eval" / f"{name}.txt").read_text().splitlines()
+        expected = sum(run in line for run, line in zip(("👍🏽", "⌘"), written)) / 2
+        assert r["unknown_runs"] == 2 and r["unknown_kept"] == expected, name
+    assert "of 2 |" in (tmp_path / "eval" / "results.md").read_text()

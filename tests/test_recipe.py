@@ -110,3 +110,30 @@ def test_release_averages_checkpoints_of_one_run(tiny_corpus: Path, tiny_tokeniz
         assert torch.allclose(v.float(), ((a[k].float() + b[k].float()) / 2).half().float())
     assert averaged.extra["averaged"] == [str(p) for p in kept]
     assert "optimizer" not in averaged.extra
+
+
+@pytest.mark.parametrize("setting, flags, on, why", [
+    ("auto", {"avx2", "amx_bf16", "amx_int8"}, True, "the CPU has amx_bf16"),
+    ("auto", {"avx2", "avx512_bf16"}, True, "avx512_bf16"),
+    ("auto", {"avx2", "avx512_vnni"}, False, "no AMX or AVX-512 BF16"),
+    ("on", {"avx2"}, True, "emulated, slower"),
+    ("off", {"amx_bf16"}, False, "--bf16 off"),
+])
+def test_bf16_autocast_follows_the_cpu_flags(setting: str, flags: set, on: bool, why: str) -> None:
+    assert recipe.bf16_autocast(setting, flags)[0] is on and why in recipe.bf16_autocast(setting, flags)[1]
+
+
+def test_a_bf16_run_trains_and_says_so(tiny_corpus: Path, tiny_tokenizers: Path, tmp_path: Path) -> None:
+    """Under autocast the forward pass runs in bf16 (the weights and the optimizer stay fp32): the
+    loss still falls, and the first log line says why autocast is on."""
+    logs: list[str] = []
+    train.train(tiny_corpus, tiny_tokenizers, tmp_path / "run", model_config=SMALL, log=logs.append,
+                config=train.TrainConfig(minutes=5, max_steps=30, batch_tokens=300, validate_steps=15, lr=5e-3,
+                                         bf16="on"))
+    assert "bf16 autocast on (asked" in logs[0]
+    losses = [float(line.split("valid loss ")[1].split()[0]) for line in logs if "valid loss" in line]
+    assert losses[-1] < losses[0]
+    weights = load_checkpoint(tmp_path / "run" / "last.pt").weights
+    assert all(v.dtype == torch.float32 for v in weights.values())
+    with pytest.raises(ValueError, match="bf16: 'fast'"):
+        train.train(tiny_corpus, tiny_tokenizers, tmp_path / "x", config=train.TrainConfig(bf16="fast"))

@@ -27,6 +27,7 @@ from export.train.checkpoint import load_checkpoint
 from export.train.model import RNNSearch
 from export.train.search import beam_search, greedy
 from export.train.training import collate
+from service.text import placeholders
 from service.text.tokenizer import Tokenizer
 
 LENGTH_BUCKETS = ((1, 5), (6, 10), (11, 15), (16, 20), (21, 30), (31, 1000))  # source words
@@ -46,6 +47,23 @@ class Decoded:
     texts: list[str]  # as users see them (placeholders restored)
     normalized: list[str]  # with reserved placeholder tokens, for the normalized BLEU
     seconds: float
+    unknown: tuple[tuple[str, ...], ...] = ()  # per sentence, the source's runs with no vocabulary piece
+
+
+def unknown_runs(tok: Tokenizer, source: str) -> tuple[str, ...]:
+    """The runs of ``source`` the tokenizer protects because the vocabulary has no piece for them
+    (emoji, rare symbols): its protected strings that are not placeholders."""
+    return tuple(x for x in tok.encode(source).placeholders if placeholders.find(x) != [x])
+
+
+def kept_runs(texts: list[str], unknown: tuple[tuple[str, ...], ...]) -> tuple[int, int]:
+    """(runs in the sources, runs found as often in the translations)."""
+    total = kept = 0
+    for text, runs in zip(texts, unknown):
+        for run in set(runs):
+            total += runs.count(run)
+            kept += min(runs.count(run), text.count(run))
+    return total, kept
 
 
 def decode(model: RNNSearch, tok: Tokenizer, sources: list[str], *, beam_size: int,
@@ -66,7 +84,8 @@ def decode(model: RNNSearch, tok: Tokenizer, sources: list[str], *, beam_size: i
             texts[i] = tok.decode(t, encoded[i].placeholders)
             normalized[i] = tok.target.decode(t)
     name = "greedy" if beam_size == 1 else f"beam{beam_size}"
-    return Decoded(name, texts, normalized, time.perf_counter() - start)
+    return Decoded(name, texts, normalized, time.perf_counter() - start,
+                   unknown=tuple(unknown_runs(tok, s) for s in sources))
 
 
 def letters(text: str) -> str:
@@ -94,6 +113,7 @@ def scores(decoded: Decoded, pairs: list[Pair], train_letters: set[str]) -> dict
             bleu = sacrebleu.corpus_bleu([decoded.texts[i] for i in idx], [[refs[i] for i in idx]])
             by_length[f"{lo}-{hi if hi < 1000 else ''}"] = {"sentences": len(idx), "bleu": round(bleu.score, 2)}
     kept = sum(sorted(p.placeholders) == sorted(_placeholders_in(t, p)) for t, p in zip(decoded.texts, pairs))
+    runs, runs_kept = kept_runs(decoded.texts, decoded.unknown)
     return {
         "bleu": round(sacrebleu.corpus_bleu(decoded.texts, [refs]).score, 2),
         "chrf": round(sacrebleu.corpus_chrf(decoded.texts, [refs]).score, 2),
@@ -103,24 +123,29 @@ def scores(decoded: Decoded, pairs: list[Pair], train_letters: set[str]) -> dict
         "sentences_unseen": len(unseen),
         "bleu_normalized": round(sacrebleu.corpus_bleu(decoded.normalized, [[p.tgt for p in pairs]]).score, 2),
         "placeholders_kept": round(kept / len(pairs), 4),
+        "unknown_runs": runs,  # characters with no vocabulary piece, protected as placeholders are
+        "unknown_kept": round(runs_kept / runs, 4) if runs else None,
         "bleu_by_source_words": by_length,
         "seconds": round(decoded.seconds, 1),
     }
 
 
-def _placeholders_in(text: str, pair: Pair) -> list[str]:
-    from service.text import placeholders
+def _share(kept: float | None, runs: int | None) -> str:
+    """"98.00 % of 50" for the runs with no vocabulary piece kept; "none" when the split has none."""
+    return f"{kept:.2%} of {runs}" if runs else "none"
 
+
+def _placeholders_in(text: str, pair: Pair) -> list[str]:
     return placeholders.find(text) if pair.placeholders else []
 
 
 def markdown(results: dict) -> str:
     lines = ["| decoder | BLEU | chrF | BLEU w/o placeholders | BLEU unseen | BLEU normalized "
-             "| placeholders kept | seconds |", "|---|---|---|---|---|---|---|---|"]
+             "| placeholders kept | unknown kept | seconds |", "|---|---|---|---|---|---|---|---|---|"]
     for name, r in results["decoders"].items():
         lines.append(f"| {name} | {r['bleu']} | {r['chrf']} | {r['bleu_without_placeholders']} | "
                      f"{r['bleu_unseen']} | {r['bleu_normalized']} | {r['placeholders_kept']:.2%} "
-                     f"| {r['seconds']} |")
+                     f"| {_share(r.get('unknown_kept'), r.get('unknown_runs'))} | {r['seconds']} |")
     lines += ["", "BLEU by source length (words):", "",
               "| words | sentences | " + " | ".join(results["decoders"]) + " |",
               "|---|---|" + "---|" * len(results["decoders"])]

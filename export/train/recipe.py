@@ -10,6 +10,9 @@
   on short messages alone.
 - ``average_weights``: the mean of several checkpoints' weights (OpenNMT-py's
   ``average_models``), for averaging the checkpoints a run keeps (``keep_checkpoints``).
+- ``bf16_autocast``: whether the forward pass runs under bf16 autocast: ``auto`` where the CPU
+  has bf16 instructions (AMX or AVX-512 BF16), where it is a throughput lever; elsewhere bf16 is
+  emulated and slower.
 """
 
 from __future__ import annotations
@@ -22,6 +25,22 @@ from typing import Iterator
 import torch
 
 SCHEDULES = ("plateau", "rsqrt")
+BF16_SETTINGS = ("off", "auto", "on")
+BF16_FLAGS = ("amx_bf16", "avx512_bf16")
+
+
+def bf16_autocast(setting: str, flags) -> tuple[bool, str]:
+    """(autocast on?, why), from ``--bf16`` and the CPU's flags."""
+    if setting not in BF16_SETTINGS:
+        raise ValueError(f"bf16: {setting!r} is not one of {', '.join(BF16_SETTINGS)}")
+    found = sorted(set(flags) & set(BF16_FLAGS))
+    if setting == "off":
+        return False, "off (--bf16 off)"
+    if setting == "on":
+        return True, "on (asked)" + ("" if found else "; this CPU has no bf16 instructions: emulated, slower")
+    if found:
+        return True, f"on (auto: the CPU has {', '.join(found)})"
+    return False, "off (auto: no AMX or AVX-512 BF16 on this CPU)"
 
 
 def lr_at(step: int, base: float, warmup_steps: int, schedule: str) -> float | None:

@@ -26,6 +26,7 @@ from export.train.batches import Example, collate, encode_pairs, make_batches, p
 from export.train.checkpoint import load_checkpoint, save_checkpoint
 from export.train.model import RNNSearch
 from export.train.search import greedy
+from service.decoding.int8_form import cpu_flags
 from service.models.config import ModelConfig
 from service.text.tokenizer import EOS_ID, Tokenizer
 
@@ -53,6 +54,7 @@ class TrainConfig:
     ema_decay: float = 0.0  # if > 0, an exponential moving average of the weights, saved as ema.pt
     valid_long: int = 0  # the longest validation pairs (beyond bleu_slice) also decoded for BLEU
     keep_checkpoints: bool = False  # every validation's weights kept as checkpoints/step-<N>.pt (fp16)
+    bf16: str = "off"  # bf16 autocast of the forward pass: off, auto (where the CPU has AMX/AVX-512 BF16), on
 
 
 def loss_on(model: RNNSearch, batch: tuple[torch.Tensor, ...], smoothing: float) -> tuple[torch.Tensor, int]:
@@ -95,7 +97,8 @@ def _update(run: "_Run", batch, step: int):
     if lr is not None:
         for group in opt.param_groups:
             group["lr"] = lr
-    loss, n = loss_on(model, batch, config.label_smoothing)
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=run.bf16):
+        loss, n = loss_on(model, batch, config.label_smoothing)
     opt.zero_grad(set_to_none=True)
     (loss / n).backward()
     torch.nn.utils.clip_grad_norm_(model.parameters(), config.clip_norm)
@@ -156,6 +159,7 @@ class _Run:
     last_valid: float = 0.0  # time.monotonic() of the last validation
     languages: dict | None = None  # the corpus manifest's {"source", "target"}: the export's manifest names them
     ema: recipe.WeightAverage | None = None
+    bf16: bool = False  # the forward pass under bf16 autocast (recipe.bf16_autocast)
 
     def save(self, path: Path) -> None:
         save_checkpoint(path, self.model, self.sp_files, extra={
@@ -242,7 +246,8 @@ def corpus_languages(corpus_dir: Path) -> dict | None:
 def train(corpus_dir: Path, tokenizer_dir: Path, out_dir: Path, *, model_config: dict | None = None,
           config: TrainConfig = TrainConfig(), resume: Path | None = None, log=print) -> Path:
     """Train until the time budget, the step budget or the epoch limit; returns the best checkpoint's path."""
-    recipe.lr_at(1, config.lr, config.warmup_steps, config.lr_schedule)  # a bad schedule fails first
+    recipe.lr_at(1, config.lr, config.warmup_steps, config.lr_schedule)  # a bad setting fails first
+    bf16, why = recipe.bf16_autocast(config.bf16, cpu_flags())
     torch.set_num_threads(config.threads)
     random.seed(config.seed)
     torch.manual_seed(config.seed)
@@ -256,10 +261,10 @@ def train(corpus_dir: Path, tokenizer_dir: Path, out_dir: Path, *, model_config:
     model, opt, sched, state, ema = _start(tok, model_config, config, resume)
     out_dir.mkdir(parents=True, exist_ok=True)
     log(f"model: {model.num_parameters() / 1e6:.2f}M parameters {asdict(model.config)}; "
-        f"data: {len(train_data)} train, {len(valid_data)} valid examples")
+        f"data: {len(train_data)} train, {len(valid_data)} valid examples; bf16 autocast {why}")
     run = _Run(model=model, opt=opt, sched=sched, state=state, config=config, tok=tok, sp_files=sp_files,
                out_dir=out_dir, valid_data=valid_data, valid_pairs=valid_pairs, log=log,
-               languages=corpus_languages(corpus_dir), ema=ema)
+               languages=corpus_languages(corpus_dir), ema=ema, bf16=bf16)
     rng, skip = _batch_order(train_data, config, state)
     run.start, run.last_valid = time.monotonic() - state["elapsed"], time.monotonic()
     model.train()

@@ -29,6 +29,7 @@ from typing import Callable
 from .common import OPENNMT, ROOT, is_smoke, log, need_onmt, sha256, work_dir, write_results
 from .evaluate import Setting, evaluate_split, load_ours
 from .prepare import cmd_prepare
+from .report import unknown_lines
 from .speed import replay_our_run
 from .train import onmt_train
 
@@ -168,7 +169,7 @@ def compare_markdown(res: dict) -> str:
               "means other processes shared the CPUs: such a run does not compare the trainers.", ""]
     for r in res["rounds"]:
         lines += [f"## Round {r['round']} ({' then '.join(LABELS[w] for w in r['order'])})", ""]
-        lines += table(round_rows(r), list(r["splits"]), r["differences"]) + [""]
+        lines += table(round_rows(r), list(r["splits"]), r["differences"]) + [""] + unknown_lines(r["splits"])
     med = res["median"]
     lines += [f"## Medians over {n} round(s)", "", "The difference row is the median of the rounds' differences.", ""]
     lines += table(med, list(med["differences"]), med["differences"])

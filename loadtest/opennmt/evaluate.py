@@ -86,7 +86,7 @@ def onmt_texts(setting: Setting, pairs: list, split: str, args) -> tuple[list[st
 def evaluate_split(setting: Setting, split: str, args) -> dict | None:
     """One split's scores for OpenNMT (and ours); None when the corpus has no such split."""
     from export.data.pairs import read_split
-    from export.evaluate.evaluate import Decoded, decode, scores
+    from export.evaluate.evaluate import Decoded, decode, scores, unknown_runs
 
     path = args.corpus / f"{split}.jsonl"
     if not path.exists():
@@ -95,7 +95,8 @@ def evaluate_split(setting: Setting, split: str, args) -> dict | None:
     pairs = read_split(path)[:args.max_sentences]
     texts, normalized, seconds = onmt_texts(setting, pairs, split, args)
     (setting.out_dir / f"{split}.onmt.txt").write_text("\n".join(texts) + "\n", encoding="utf-8")
-    decoded = Decoded(f"beam{args.beam}", texts, normalized, seconds)
+    decoded = Decoded(f"beam{args.beam}", texts, normalized, seconds,
+                      unknown=tuple(unknown_runs(setting.tok, p.src_raw) for p in pairs))
     row = {"sentences": len(pairs), "opennmt": scores(decoded, pairs, setting.train_letters)}
     log(f"{split} OpenNMT: BLEU {row['opennmt']['bleu']} chrF {row['opennmt']['chrf']}")
     if setting.ours is not None:

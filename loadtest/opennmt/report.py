@@ -71,5 +71,23 @@ def quality_markdown(res: dict) -> str:
                 lines.append(f"| {split} | {row['sentences']} | {label} | {r['bleu']} | {r['chrf']} | "
                              f"{r['bleu_without_placeholders']} | {r['bleu_unseen']} | {r['bleu_normalized']} | "
                              f"{r['placeholders_kept']:.2%} | {r['seconds']} |")
-    lines += ["", "Made by `loadtest/opennmt_compare.py evaluate`."]
+    lines += [""] + unknown_lines(res["splits"]) + ["Made by `loadtest/opennmt_compare.py evaluate`."]
     return "\n".join(lines) + "\n"
+
+
+NAMES = {"ours": "ours", "opennmt": "OpenNMT-py"}
+
+
+def unknown_lines(splits: dict) -> list[str]:
+    """Characters with no vocabulary piece: how many runs each split's sources hold, and the share
+    of them each system's translations keep (issue 30, item 4)."""
+    parts = []
+    for split, row in splits.items():
+        runs = row["ours"].get("unknown_runs")
+        if runs:
+            kept = ", ".join(f"{label} {row[w]['unknown_kept']:.0%}" for w, label in NAMES.items()
+                             if w in row and row[w].get("unknown_kept") is not None)
+            parts.append(f"{split} {runs} run(s), kept by {kept}")
+    if not parts:
+        return []
+    return ["Characters with no vocabulary piece (protected as placeholders are): " + "; ".join(parts) + ".", ""]
