@@ -86,8 +86,8 @@ def tokenizers_main(argv: list[str]) -> int:
     return 0
 
 
-@one_line_errors("train")
-def train_main(argv: list[str]) -> int:
+def train_parser() -> argparse.ArgumentParser:
+    """``nmt train``'s options (also read by loadtest/opennmt/levers.py to recognise a finished run)."""
     from export.train import training as train
     from export.train.recipe import BF16_SETTINGS, SCHEDULES
 
@@ -128,7 +128,13 @@ def train_main(argv: list[str]) -> int:
     p.add_argument("--dropout", type=float)
     p.add_argument("--attention", choices=KINDS,
                    help=f"how the decoder reads the source (default {DEFAULT_KIND}; none: RNNencdec)")
-    args = p.parse_args(argv)
+    return p
+
+
+def train_settings(args: argparse.Namespace) -> tuple[dict, object]:
+    """(the model config given, the TrainConfig) of parsed ``nmt train`` options."""
+    from export.train import training as train
+
     model_config = {k: getattr(args, k) for k in ("emb_size", "enc_hidden_size", "dec_hidden_size",
                                                   "attn_size", "out_size", "dropout", "attention")
                     if getattr(args, k) is not None}
@@ -139,6 +145,15 @@ def train_main(argv: list[str]) -> int:
                                warmup_steps=args.warmup_steps, lr_schedule=args.lr_schedule,
                                ema_decay=args.ema_decay, valid_long=args.valid_long,
                                keep_checkpoints=args.keep_checkpoints, bf16=args.bf16)
+    return model_config, config
+
+
+@one_line_errors("train")
+def train_main(argv: list[str]) -> int:
+    from export.train import training as train
+
+    args = train_parser().parse_args(argv)
+    model_config, config = train_settings(args)
     best = train.train(args.corpus, args.tokenizers, args.output, model_config=model_config,
                        config=config, resume=args.resume)
     print(f"best checkpoint: {best}")

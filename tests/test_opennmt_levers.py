@@ -87,6 +87,7 @@ def test_the_levers_subcommand_runs_a_step_budget_and_writes_the_table(tmp_path:
     monkeypatch.setattr(compare, "our_run", our_run)
     monkeypatch.setattr(compare, "machine_info", lambda: {"cpu": "Fake CPU", "flags": ["avx2"], "cores": 2})
     monkeypatch.setattr(levers, "score_checkpoint", lambda ckpt, **_: fake_score(ckpt))
+    monkeypatch.setattr(levers, "same_weights", lambda best, last: False)
     monkeypatch.setattr(common, "RESULTS", tmp_path / "results")
     import export.train.checkpoint as checkpoint
     monkeypatch.setattr(checkpoint, "release", lambda kept, out, average: out.write_text(f"{out.parent.name} avg3"))
@@ -100,3 +101,58 @@ def test_the_levers_subcommand_runs_a_step_budget_and_writes_the_table(tmp_path:
     data = json.loads((tmp_path / "results" / "opennmt_levers.json").read_text())
     assert len(data["rows"]) == 8 and data["steps"] == 430 and "flags avx2" in data["machine"]
     assert "430 updates each" in (tmp_path / "results" / "opennmt_levers.md").read_text()
+
+
+def test_a_finished_run_is_reused_and_last_is_left_out_when_it_is_best(tmp_path: Path) -> None:
+    calls, averaged = [], []
+    fake_train(calls)(tmp_path / "baseline", extra=())  # trained before: the run directory holds it
+    calls.clear()
+    reused = []
+
+    def reuse(run: Path, extra: tuple[str, ...]) -> dict | None:
+        reused.append(run.name)
+        return {"steps": 430, "sents_per_s": 150.0, "train_s": 610.0} if run.name == "baseline" else None
+
+    rows = levers.run_levers([("baseline", ()), ("rsqrt", ("--lr-schedule", "rsqrt"))], base=(), runs_dir=tmp_path,
+                             average=3, train=fake_train(calls), score=fake_score, averager=fake_average(averaged),
+                             reuse=reuse, same=lambda best, last: True)
+    assert reused == ["baseline", "rsqrt"] and [c[0] for c in calls] == ["rsqrt"]  # only the new lever trains
+    assert [(r["lever"], r["checkpoint"]) for r in rows] == [(lever, label) for lever in ("baseline", "rsqrt")
+                                                             for label in ("best", "ema", "avg3")]
+    assert rows[0]["sents_per_s"] == 150.0
+    averaged.clear()
+    levers.candidates(tmp_path / "rsqrt", 3, fake_average(averaged))  # its average is newer than the kept ones
+    assert averaged == []
+
+
+def test_a_checkpoint_is_scored_once_for_the_same_file_and_sentences(tmp_path: Path) -> None:
+    checkpoint = tmp_path / "best.pt"
+    checkpoint.write_text("baseline best")
+    scored = []
+
+    def score(path: Path) -> dict:
+        scored.append(path.name)
+        return fake_score(path)
+
+    once = levers.cached(score, 100)
+    assert once(checkpoint) == once(checkpoint) == fake_score(checkpoint) and scored == ["best.pt"]
+    levers.cached(score, 200)(checkpoint)  # other sentences
+    checkpoint.write_text("baseline ema")  # another file
+    assert levers.cached(score, 200)(checkpoint)["test"]["bleu"] == BLEU["baseline", "ema"]
+    assert scored == ["best.pt"] * 3
+
+
+def test_finished_run_recognises_the_settings_of_a_real_run(tiny_corpus: Path, tiny_tokenizers: Path,
+                                                            tmp_path: Path) -> None:
+    from export.cli import train_main
+
+    run = tmp_path / "run"
+    words = [str(tiny_corpus), "--tokenizers", str(tiny_tokenizers), "--output", str(run), "--max-steps", "3",
+             "--batch-tokens", "300", "--threads", "1", "--emb-size", "16", "--enc-hidden-size", "16",
+             "--dec-hidden-size", "16", "--attn-size", "16", "--out-size", "16", "--keep-checkpoints"]
+    assert not levers.finished_run(run, words)
+    assert train_main(words) == 0
+    assert levers.finished_run(run, words)
+    assert not levers.finished_run(run, words + ["--lr", "0.002"])  # another training setting
+    assert not levers.finished_run(run, words + ["--dropout", "0.1"])  # another model
+    assert not levers.finished_run(run, words + ["--max-steps", "6"])  # another budget

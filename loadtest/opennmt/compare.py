@@ -177,6 +177,14 @@ def compare_markdown(res: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def our_words(run: Path, minutes: float, threads: int, corpus: Path, tokenizers: Path,
+              extra: tuple[str, ...] = ()) -> list[str]:
+    """The ``nmt train`` words of ``our_run``: en-fr/3's recipe, then ``extra`` (a later flag wins)."""
+    return [str(corpus), "--tokenizers", str(tokenizers), "--output", str(run), "--attention", "bahdanau",
+            "--max-steps", "0", "--minutes", str(minutes), "--validate-steps", "200", "--threads", str(threads),
+            "--init-uniform", "0.1", *extra]
+
+
 def our_run(run: Path, *, minutes: float, threads: int, corpus: Path, tokenizers: Path,
             extra: tuple[str, ...] = ()) -> dict:
     """``nmt train`` with en-fr/3's recipe (plus ``extra``) for ``minutes``; counted as ``speed`` counts."""
@@ -185,9 +193,7 @@ def our_run(run: Path, *, minutes: float, threads: int, corpus: Path, tokenizers
     if run.exists():
         shutil.rmtree(run)
     run.mkdir(parents=True)
-    cmd = [str(ROOT / ".venv" / "bin" / "nmt"), "train", str(corpus), "--tokenizers", str(tokenizers),
-           "--output", str(run), "--attention", "bahdanau", "--max-steps", "0", "--minutes", str(minutes),
-           "--validate-steps", "200", "--threads", str(threads), "--init-uniform", "0.1", *extra]
+    cmd = [str(ROOT / ".venv" / "bin" / "nmt"), "train", *our_words(run, minutes, threads, corpus, tokenizers, extra)]
     env = dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
     log(f"our trainer for {minutes} min in {run}: {shlex.join(cmd)}")
     t0 = time.monotonic()

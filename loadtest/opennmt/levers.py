@@ -9,13 +9,21 @@ Of each run the checkpoints a recipe could ship are scored alike (beam 5, ``eval
 ``last.pt``, ``ema.pt`` (``--ema-decay``) and the average of the last ``--average`` kept
 checkpoints (``--keep-checkpoints``). Writes ``loadtest/results/opennmt_levers.{json,md}``.
 
-Trainer and scorer are injected (``run_levers``), so the orchestration is tested without training.
+The command can be run again: a lever whose run directory already holds a finished run of the same
+``nmt train`` settings (``finished_run``) is not trained again, and a checkpoint already scored with
+the same sentences is not scored again (``scores-<label>.json`` beside it). ``last`` is scored only
+where it is not also ``best``.
+
+Trainer, reuse check and scorer are injected (``run_levers``), so the orchestration is tested
+without training.
 """
 
 from __future__ import annotations
 
+import json
 import shlex
 import time
+from dataclasses import asdict
 from functools import partial
 from pathlib import Path
 from typing import Callable
@@ -34,27 +42,39 @@ def parse_lever(text: str) -> tuple[str, tuple[str, ...]]:
     return name.strip(), tuple(shlex.split(args))
 
 
-def candidates(run: Path, average: int, averager: Callable[[list[Path], Path], None]) -> dict[str, Path]:
-    """The checkpoints of a finished run a recipe could ship, by label."""
-    out = {"best": run / "best.pt", "last": run / "last.pt"}
+def candidates(run: Path, average: int, averager: Callable[[list[Path], Path], None],
+               same: Callable[[Path, Path], bool] = lambda a, b: False) -> dict[str, Path]:
+    """The checkpoints of a finished run a recipe could ship, by label (``last`` unless ``same``
+    says it is ``best``'s weights)."""
+    out = {"best": run / "best.pt"}
+    if not same(run / "best.pt", run / "last.pt"):
+        out["last"] = run / "last.pt"
     if (run / "ema.pt").exists():
         out["ema"] = run / "ema.pt"
     kept = sorted((run / "checkpoints").glob("step-*.pt"), key=lambda p: int(p.stem.split("-")[1]))
     if average > 1 and len(kept) >= average:
-        out[f"avg{average}"] = run / f"avg{average}.pt"
-        averager(kept[-average:], out[f"avg{average}"])
+        out[f"avg{average}"] = avg = run / f"avg{average}.pt"
+        if not avg.exists() or avg.stat().st_mtime_ns < max(p.stat().st_mtime_ns for p in kept):
+            averager(kept[-average:], avg)
     return out
 
 
 def run_levers(levers: list[tuple[str, tuple[str, ...]]], *, base: tuple[str, ...], runs_dir: Path, average: int,
                train: Callable[..., dict], score: Callable[[Path], dict],
-               averager: Callable[[list[Path], Path], None]) -> list[dict]:
-    """Every lever's run and the scores of its candidates; the baseline is ``levers[0]``."""
+               averager: Callable[[list[Path], Path], None],
+               reuse: Callable[[Path, tuple[str, ...]], dict | None] = lambda run, extra: None,
+               same: Callable[[Path, Path], bool] = lambda a, b: False) -> list[dict]:
+    """Every lever's run (or the finished one ``reuse`` finds) and the scores of its candidates;
+    the baseline is ``levers[0]``."""
     rows = []
     for name, words in levers:
-        run = runs_dir / name
-        stats = train(run, extra=(*base, *words))
-        for label, checkpoint in candidates(run, average, averager).items():
+        run, extra = runs_dir / name, (*base, *words)
+        stats = reuse(run, extra)
+        if stats is None:
+            stats = train(run, extra=extra)
+        else:
+            log(f"{name}: {run} holds a finished run of these settings; not trained again")
+        for label, checkpoint in candidates(run, average, averager, same).items():
             rows.append({"lever": name, "args": list(words), "checkpoint": label,
                          "steps": stats["steps"], "sents_per_s": round(stats["sents_per_s"], 1),
                          "minutes_used": round(stats["train_s"] / 60, 2), "scores": score(checkpoint)})
@@ -81,6 +101,48 @@ def levers_markdown(res: dict) -> str:
                                f"{r['scores'][s]['bleu'] - base['scores'][s]['bleu']:+.2f} |" for s in SPLITS))
     lines += ["", "Δ: against the baseline's best.pt.", "", f"Reproduce: `{res['command']}`"]
     return "\n".join(lines) + "\n"
+
+
+def finished_run(run: Path, words: list[str]) -> bool:
+    """Whether ``run`` holds a finished run of exactly these ``nmt train`` words: its last.pt records
+    the same training settings (a setting it predates counts as its default) and model config, and
+    reached its step or time budget."""
+    if not ((run / "last.pt").exists() and (run / "best.pt").exists()):
+        return False
+    from export.cli import train_parser, train_settings
+    from export.train.checkpoint import load_checkpoint
+    from export.train.training import TrainConfig
+
+    model_config, config = train_settings(train_parser().parse_args(words))
+    ckpt = load_checkpoint(run / "last.pt")
+    if {**asdict(TrainConfig()), **ckpt.extra.get("train_config", {})} != asdict(config):
+        return False
+    if any(getattr(ckpt.config, k) != v for k, v in model_config.items()):
+        return False
+    state = ckpt.extra.get("train_state", {})
+    return 0 < config.max_steps <= state.get("step", 0) or state.get("elapsed", 0) >= config.minutes * 60
+
+
+def same_weights(a: Path, b: Path) -> bool:
+    """Two checkpoints of one run saved at the same update (best.pt is last.pt's weights)."""
+    from export.train.checkpoint import load_checkpoint
+
+    return a.exists() and b.exists() and load_checkpoint(a).extra.get("train_state", {}).get("step") == \
+        load_checkpoint(b).extra.get("train_state", {}).get("step")
+
+
+def cached(score: Callable[[Path], dict], max_sentences: int) -> Callable[[Path], dict]:
+    """``score``, remembered in ``<checkpoint dir>/scores-<stem>.json`` for the same file and sentences."""
+    def scored(checkpoint: Path) -> dict:
+        key = {"size": checkpoint.stat().st_size, "mtime_ns": checkpoint.stat().st_mtime_ns,
+               "max_sentences": max_sentences, "beam": BEAM}
+        memo = checkpoint.with_name(f"scores-{checkpoint.stem}.json")
+        if memo.exists() and json.loads(memo.read_text()).get("key") == key:
+            return json.loads(memo.read_text())["scores"]
+        result = score(checkpoint)
+        memo.write_text(json.dumps({"key": key, "scores": result}))
+        return result
+    return scored
 
 
 def score_checkpoint(checkpoint: Path, *, corpus: Path, max_sentences: int, threads: int) -> dict:
@@ -110,7 +172,8 @@ def score_checkpoint(checkpoint: Path, *, corpus: Path, max_sentences: int, thre
 def cmd_levers(args) -> int:
     from export.train.checkpoint import release
 
-    from .compare import machine_info, our_run
+    from .compare import machine_info, our_run, our_words
+    from .speed import replay_our_run
 
     levers = [("baseline", ())] + [parse_lever(t) for t in args.lever]
     base = tuple(shlex.split(args.base_args or ""))
@@ -118,9 +181,17 @@ def cmd_levers(args) -> int:
     if args.steps:
         base += ("--max-steps", str(args.steps))
     train = partial(our_run, minutes=minutes, threads=args.threads, corpus=args.corpus, tokenizers=args.tokenizers)
-    score = partial(score_checkpoint, corpus=args.corpus, max_sentences=args.max_sentences, threads=args.threads)
+    score = cached(partial(score_checkpoint, corpus=args.corpus, max_sentences=args.max_sentences,
+                           threads=args.threads), args.max_sentences)
+
+    def reuse(run: Path, extra: tuple[str, ...]) -> dict | None:
+        if not finished_run(run, our_words(run, minutes, args.threads, args.corpus, args.tokenizers, extra)):
+            return None
+        return replay_our_run(args.corpus, args.tokenizers, run / "last.pt")
+
     rows = run_levers(levers, base=base, runs_dir=work_dir(args.corpus, args.work) / "levers", average=args.average,
-                      train=train, score=score, averager=lambda kept, out: release(kept[-1], out, average=kept[:-1]))
+                      train=train, score=score, averager=lambda kept, out: release(kept[-1], out, average=kept[:-1]),
+                      reuse=reuse, same=same_weights)
     box = machine_info()
     res = {"corpus": str(args.corpus), "minutes": args.minutes, "steps": args.steps, "threads": args.threads,
            "base": list(base), "max_sentences": args.max_sentences, "rows": rows,
