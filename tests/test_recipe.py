@@ -43,7 +43,7 @@ def test_weight_average_follows_the_weights_and_gives_them_back() -> None:
     with torch.no_grad():
         for p in model.parameters():
             p.add_(1.0)
-    ema.update(model)
+    ema.update()
     for k, v in model.state_dict().items():
         assert torch.allclose(ema.shadow[k], start[k] + 0.25)  # 0.75 * old + 0.25 * new
     own = {k: v.clone() for k, v in model.state_dict().items()}

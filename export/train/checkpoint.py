@@ -102,7 +102,6 @@ def release(checkpoint: Path, output: Path, *, average: list[Path] = ()) -> None
     if average:
         from export.train.recipe import average_weights
 
-        _, weights = average_weights([checkpoint, *average])
-        model.load_state_dict(weights)
+        model.load_state_dict(average_weights([checkpoint, *average]))
         extra["averaged"] = [str(p) for p in (checkpoint, *average)]
     save_checkpoint(output, model, ckpt.tokenizers, extra=extra, half=True)

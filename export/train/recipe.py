@@ -66,13 +66,15 @@ class WeightAverage:
         if not 0.0 < decay < 1.0:
             raise ValueError(f"ema_decay: {decay} is not between 0 and 1 (exclusive)")
         self.decay = decay
-        self.shadow = {k: v.detach().clone() for k, v in model.state_dict().items() if v.is_floating_point()}
-
-    def update(self, model: torch.nn.Module) -> None:
-        """shadow += (1 - decay) * (weights - shadow), in one fused pass over every tensor."""
         state = model.state_dict()
+        self.shadow = {k: v.detach().clone() for k, v in state.items() if v.is_floating_point()}
+        # the model's own tensors, updated in place by the optimizer and by load_state_dict
+        self._live = [state[k] for k in self.shadow]
+
+    def update(self) -> None:
+        """shadow += (1 - decay) * (weights - shadow), in one fused pass over every tensor."""
         with torch.no_grad():
-            torch._foreach_lerp_(list(self.shadow.values()), [state[k] for k in self.shadow], 1.0 - self.decay)
+            torch._foreach_lerp_(list(self.shadow.values()), self._live, 1.0 - self.decay)
 
     @contextmanager
     def applied(self, model: torch.nn.Module) -> Iterator[torch.nn.Module]:
@@ -100,8 +102,8 @@ def bleu_pairs(pairs: list, bleu_slice: int, valid_long: int) -> list:
     return head + [rest[i] for i in sorted(longest)]
 
 
-def average_weights(paths: list[Path]) -> tuple[object, dict[str, torch.Tensor]]:
-    """(the first checkpoint, the element-wise mean of every checkpoint's weights in fp32)."""
+def average_weights(paths: list[Path]) -> dict[str, torch.Tensor]:
+    """The element-wise mean of the checkpoints' weights, in fp32."""
     from export.train.checkpoint import CheckpointError, load_checkpoint
 
     if not paths:
@@ -114,4 +116,4 @@ def average_weights(paths: list[Path]) -> tuple[object, dict[str, torch.Tensor]]
             raise CheckpointError(f"{path}: another model config than {paths[0]}; only one run's checkpoints average")
         for k, v in ckpt.weights.items():
             total[k] += v.float()
-    return first, {k: v / len(paths) for k, v in total.items()}
+    return {k: v / len(paths) for k, v in total.items()}

@@ -104,7 +104,7 @@ def _update(run: "_Run", batch, step: int):
     torch.nn.utils.clip_grad_norm_(model.parameters(), config.clip_norm)
     opt.step()
     if run.ema is not None:
-        run.ema.update(model)
+        run.ema.update()
     return loss, n
 
 
