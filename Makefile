@@ -97,6 +97,10 @@ TRAIN_THREADS ?= 2
 INIT_UNIFORM ?= 0.1
 # the run directory names a non-default initialisation: build/train-v2-<kind>-u0.1/ (en-fr/3's), build/train-v2-<kind>/ (0)
 INIT_TAG = $(if $(filter 0 0.0,$(INIT_UNIFORM)),,-u$(INIT_UNIFORM))
+# more `nmt train` words (a recipe), and the tag its run directory gets: issue 30's recipe (en-fr/4's run) is
+# TRAIN_TAG=-r4 TRAIN_STEPS=4800 TRAIN_ARGS="--lr 0.002 --warmup-steps 100 --valid-long 200 --keep-checkpoints --ema-decay 0.995"
+TRAIN_ARGS ?=
+TRAIN_TAG ?=
 
 LOADTEST_USERS ?= 8
 LOADTEST_TIME ?= 180
@@ -149,13 +153,13 @@ $(TOKENIZERS)/target.model: | $(CORPUS)/manifest.json
 	$(BIN)/nmt tokenizers $(CORPUS) --output $(TOKENIZERS)
 
 # one kind trained to the step budget (about an hour on 2 cores); an interrupted run resumes from its last.pt
-TRAIN_DIR = $(BUILD)/train-v2$(PAIR_TAG)-$(1)$(INIT_TAG)
+TRAIN_DIR = $(BUILD)/train-v2$(PAIR_TAG)-$(1)$(INIT_TAG)$(TRAIN_TAG)
 # an interrupted training keeps its best.pt (written atomically at each validation): make must not delete it
 .PRECIOUS: $(BUILD)/train-v2%/best.pt
-$(BUILD)/train-v2$(PAIR_TAG)-%$(INIT_TAG)/best.pt: | $(TOKENIZERS)/target.model
+$(BUILD)/train-v2$(PAIR_TAG)-%$(INIT_TAG)$(TRAIN_TAG)/best.pt: | $(TOKENIZERS)/target.model
 	$(BIN)/nmt train $(CORPUS) --tokenizers $(TOKENIZERS) --output $(call TRAIN_DIR,$*) --attention $* \
 		--max-steps $(TRAIN_STEPS) --validate-steps $(VALIDATE_STEPS) --minutes $(TRAIN_MINUTES) --threads $(TRAIN_THREADS) \
-		--init-uniform $(INIT_UNIFORM) \
+		--init-uniform $(INIT_UNIFORM) $(TRAIN_ARGS) \
 		$(if $(wildcard $(call TRAIN_DIR,$*)/last.pt),--resume $(call TRAIN_DIR,$*)/last.pt)
 
 # corpus -> tokenizers -> training -> release -> evaluation -> export + verification -> engine quality -> int8

@@ -109,6 +109,17 @@ torch 2.13 refuses: every OpenNMT process gets ``TORCH_FORCE_NO_WEIGHTS_ONLY_LOA
     and ``.md``. A failed run stops the comparison with an error naming it. Runs under
     ``<work>/compare/``.
 
+``compare ... --minutes M --continue-ours RUN --continue-peer RUN``
+    The figure at a longer budget without training both from scratch again: each finished run is
+    copied to ``<work>/continued-<M>m/compare/`` and trained on until M minutes of training in all,
+    then both are evaluated as above (one round). Ours by ``nmt train --resume`` (refused unless
+    ``RUN`` was trained with the same ``--ours-args``); OpenNMT-py by ``train_from`` with its
+    optimizer (``reset_optim none``). OpenNMT does not resume its data where it stopped, so the
+    worker reads and skips the batches the run trained (``--skip-batches``; its batches are
+    deterministic) and the continuation is refused unless they hold the same number of sentences
+    and target tokens the run counted. Counts and minutes cover both parts. Writes
+    ``loadtest/results/opennmt_compare_<M>min.{json,md}``.
+
 Figures from short budgets (under 10 minutes) or a ``--max-sentences`` subset are labelled
 SMOKE in the result files: they prove the pipeline, they are not acceptance figures.
 
@@ -166,6 +177,7 @@ def add_worker(sub) -> None:
     s.add_argument("--minutes", type=float, required=True)
     s.add_argument("--threads", type=int, default=2)
     s.add_argument("--stats", required=True)
+    s.add_argument("--skip-batches", type=int, default=0, help="read and skip the first N batches (a continued run)")
     s.set_defaults(func=cmd_onmt_worker)
 
 
@@ -203,6 +215,9 @@ def add_compare(sub) -> None:
     s.add_argument("--rounds", type=int, default=1, help="rounds; the order alternates (odd rounds: ours first)")
     s.add_argument("--ours-args", default="", help='extra `nmt train` arguments, e.g. --ours-args="--dropout 0.3"')
     s.add_argument("--max-sentences", type=int, help="first N sentences of each split (smoke)")
+    s.add_argument("--continue-ours", type=Path, metavar="RUN",
+                   help="train this finished run of ours on until --minutes in all (with --continue-peer)")
+    s.add_argument("--continue-peer", type=Path, metavar="RUN", help="the same for this OpenNMT-py run")
     s.set_defaults(func=cmd_compare)
 
 

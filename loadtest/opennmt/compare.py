@@ -31,7 +31,7 @@ from .evaluate import Setting, evaluate_split, load_ours
 from .prepare import cmd_prepare
 from .report import unknown_lines
 from .speed import replay_our_run
-from .train import onmt_train
+from .train import onmt_continue, onmt_train
 
 SYSTEMS = ("ours", "opennmt")
 LABELS = {"ours": "ours", "opennmt": "OpenNMT-py"}
@@ -58,6 +58,7 @@ class Plan:
     ours_args: tuple[str, ...] = ()  # extra `nmt train` arguments (a recipe lever)
     max_sentences: int | None = None  # first N sentences of each split (smoke)
     command: str = ""  # the command line that reproduces the comparison
+    continued: tuple[str, str] | None = None  # (ours, peer) runs trained on to ``minutes`` in all
 
 
 def order_of(round_no: int) -> tuple[str, str]:
@@ -151,6 +152,18 @@ def round_rows(res: dict) -> dict[str, dict]:
                                             for k in ("bleu", "chrf")}) for who in SYSTEMS}
 
 
+def continued_lines(plan: dict) -> list[str]:
+    if not plan.get("continued"):
+        return []
+    ours, peer = plan["continued"]
+    return [f"**Continued runs:** each system's run is a finished shorter run trained on until {plan['minutes']:g} "
+            f"minutes of training in all: ours `{ours}` by `nmt train --resume` (its batches and optimizer "
+            f"resume where they stopped), OpenNMT-py `{peer}` by `train_from` with its optimizer "
+            "(`reset_optim none`), its deterministic batches replayed and skipped up to where the run "
+            "stopped (checked against the batches, sentences and target tokens it counted). Updates, "
+            "sentences/s and minutes count both parts; the load columns are the second part's.", ""]
+
+
 def compare_markdown(res: dict) -> str:
     plan, n = res["plan"], len(res["rounds"])
     lines = [f"# Our trainer against OpenNMT-py {OPENNMT}: the same wall time on one machine", ""]
@@ -165,6 +178,7 @@ def compare_markdown(res: dict) -> str:
                f"systems scored by loadtest/opennmt/evaluate.py (export/evaluate/evaluate.py `scores`) on the "
                f"same sentences ({sentences}). Ours: the run's best.pt; OpenNMT-py: its last checkpoint. "
                "Updates, sentences/s and target tokens/s counted as `speed` counts them."), "",
+              *continued_lines(plan),
               f"Machine: {machine_line(res['machine'])}; {res['date']}. A load average over the CPU count "
               "means other processes shared the CPUs: such a run does not compare the trainers.", ""]
     for r in res["rounds"]:
@@ -186,18 +200,24 @@ def our_words(run: Path, minutes: float, threads: int, corpus: Path, tokenizers:
 
 
 def our_run(run: Path, *, minutes: float, threads: int, corpus: Path, tokenizers: Path,
-            extra: tuple[str, ...] = ()) -> dict:
-    """``nmt train`` with en-fr/3's recipe (plus ``extra``) for ``minutes``; counted as ``speed`` counts."""
+            extra: tuple[str, ...] = (), previous: Path | None = None) -> dict:
+    """``nmt train`` with en-fr/3's recipe (plus ``extra``) for ``minutes``; counted as ``speed`` counts.
+    With ``previous`` (a finished run of the same words), ``run`` starts as a copy of it and
+    ``nmt train --resume`` trains on until ``minutes`` of training in all."""
     import shutil
 
     if run.exists():
         shutil.rmtree(run)
-    run.mkdir(parents=True)
+    if previous is not None:
+        shutil.copytree(previous, run)
+        extra = (*extra, "--resume", str(run / "last.pt"))
+    else:
+        run.mkdir(parents=True)
     cmd = [str(ROOT / ".venv" / "bin" / "nmt"), "train", *our_words(run, minutes, threads, corpus, tokenizers, extra)]
     env = dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
     log(f"our trainer for {minutes} min in {run}: {shlex.join(cmd)}")
     t0 = time.monotonic()
-    with (run / "train.log").open("w") as logf:
+    with (run / "train.log").open("a") as logf:
         rc = subprocess.run(cmd, env=env, stdout=logf, stderr=subprocess.STDOUT, cwd=ROOT, check=False,
                             timeout=minutes * 60 + 900).returncode
     if rc != 0 or not (run / "best.pt").exists():
@@ -205,11 +225,31 @@ def our_run(run: Path, *, minutes: float, threads: int, corpus: Path, tokenizers
         raise SystemExit(f"nmt train failed ({rc}); {run / 'train.log'} ends:\n{tail}")
     stats = replay_our_run(corpus, tokenizers, run / "last.pt")
     stats.update(process_s=round(time.monotonic() - t0, 1), checkpoint=str(run / "best.pt"), command=shlex.join(cmd))
+    if previous is not None:
+        stats["continued_from"] = str(previous)
     return stats
 
 
-def peer_run(run: Path, *, minutes: float, threads: int, data: Path) -> dict:
-    """OpenNMT-py as ``train`` runs it (its default validation, save and report steps)."""
+def continuable(previous: Path, *, threads: int, corpus: Path, tokenizers: Path, extra: tuple[str, ...]) -> None:
+    """Refuses to continue ``previous`` unless it is a finished run of ``our_run`` with these words."""
+    from export.train.checkpoint import load_checkpoint
+
+    from .levers import finished_run
+
+    if not (previous / "last.pt").exists():
+        raise SystemExit(f"--continue-ours {previous}: no last.pt")
+    minutes = load_checkpoint(previous / "last.pt").extra.get("train_config", {}).get("minutes")
+    if minutes is None or not finished_run(previous, our_words(previous, minutes, threads, corpus, tokenizers, extra)):
+        raise SystemExit(f"--continue-ours {previous}: not a finished run of our recipe with the words "
+                         f"{shlex.join(extra) or '(none)'}; pass the --ours-args it was trained with")
+
+
+def peer_run(run: Path, *, minutes: float, threads: int, data: Path, previous: Path | None = None) -> dict:
+    """OpenNMT-py as ``train`` runs it (its default validation, save and report steps); with
+    ``previous``, that run continued until ``minutes`` in all (``train.onmt_continue``)."""
+    if previous is not None:
+        return onmt_continue(data, previous, run, minutes=minutes, threads=threads, valid_steps=2000,
+                             save_steps=1000, report_every=100)
     return onmt_train(data, run, minutes=minutes, threads=threads, valid_steps=2000, save_steps=1000,
                       report_every=100)
 
@@ -269,6 +309,8 @@ def command_line(args) -> str:
         parts.append(f"--ours-args={args.ours_args}")
     if args.max_sentences is not None:
         parts += ["--max-sentences", str(args.max_sentences)]
+    if args.continue_ours is not None:
+        parts += ["--continue-ours", str(args.continue_ours), "--continue-peer", str(args.continue_peer)]
     return shlex.join(parts)
 
 
@@ -276,18 +318,34 @@ def cmd_compare(args) -> int:
     if args.minutes <= 0 or args.rounds < 1:
         raise SystemExit(f"compare: --minutes must be > 0 and --rounds >= 1 (got {args.minutes}, {args.rounds})")
     work = work_dir(args.corpus, args.work)
+    ours_args = tuple(shlex.split(args.ours_args or ""))
+    continued = None
+    if (args.continue_ours is None) != (args.continue_peer is None):
+        raise SystemExit("compare: --continue-ours and --continue-peer go together")
+    if args.continue_ours is not None:
+        if args.rounds != 1:
+            raise SystemExit(f"compare: continued runs make one round (got --rounds {args.rounds})")
+        continuable(args.continue_ours, threads=args.threads, corpus=args.corpus, tokenizers=args.tokenizers,
+                    extra=ours_args)
+        if not (args.continue_peer / "stats.json").exists():
+            raise SystemExit(f"--continue-peer {args.continue_peer}: no stats.json (not a `train` run)")
+        continued = (str(args.continue_ours), str(args.continue_peer))
+        work = work / f"continued-{args.minutes:g}m"  # the runs continued stay as they are
     need_onmt()  # before an hour of training, not after
-    prepare_data(args, work)
+    prepare_data(args, work_dir(args.corpus, args.work))
     plan = Plan(corpus=args.corpus, tokenizers=args.tokenizers, work=work, minutes=args.minutes,
-                rounds=args.rounds, threads=args.threads, ours_args=tuple(shlex.split(args.ours_args or "")),
-                max_sentences=args.max_sentences, command=command_line(args))
-    trainers = {"ours": partial(our_run, corpus=plan.corpus, tokenizers=plan.tokenizers, extra=plan.ours_args),
-                "opennmt": partial(peer_run, data=work / "data")}
-    evaluate = partial(evaluate_runs, corpus=plan.corpus, data=work / "data", threads=plan.threads,
+                rounds=args.rounds, threads=args.threads, ours_args=ours_args,
+                max_sentences=args.max_sentences, command=command_line(args), continued=continued)
+    data = work_dir(args.corpus, args.work) / "data"
+    trainers = {"ours": partial(our_run, corpus=plan.corpus, tokenizers=plan.tokenizers, extra=plan.ours_args,
+                                previous=args.continue_ours),
+                "opennmt": partial(peer_run, data=data, previous=args.continue_peer)}
+    evaluate = partial(evaluate_runs, corpus=plan.corpus, data=data, threads=plan.threads,
                        max_sentences=plan.max_sentences)
     try:
         result = run_compare(plan, trainers=trainers, evaluate=evaluate, machine=machine_info)
     except CompareError as e:
         raise SystemExit(f"compare: {e}") from e
-    write_results("opennmt_compare", result, compare_markdown(result), ensure_ascii=False)
+    name = "opennmt_compare" if continued is None else f"opennmt_compare_{args.minutes:g}min"
+    write_results(name, result, compare_markdown(result), ensure_ascii=False)
     return 0

@@ -7,7 +7,8 @@ change the updates per minute, so that other load on the machine cannot change t
 Of each run the checkpoints a recipe could ship are scored alike (beam 5, ``evaluate``'s
 ``decode`` and ``scores``, the first ``--max-sentences`` of the test and long splits): ``best.pt``,
 ``last.pt``, ``ema.pt`` (``--ema-decay``) and the average of the last ``--average`` kept
-checkpoints (``--keep-checkpoints``). Writes ``loadtest/results/opennmt_levers.{json,md}``.
+checkpoints (``--keep-checkpoints``). Writes ``loadtest/results/<--results>.{json,md}``
+(``opennmt_levers`` unless named).
 
 The command can be run again: a lever whose run directory already holds a finished run of the same
 ``nmt train`` settings (``finished_run``) is not trained again, and a checkpoint already scored with
@@ -197,7 +198,7 @@ def cmd_levers(args) -> int:
            "base": list(base), "max_sentences": args.max_sentences, "rows": rows,
            "machine": f"{box['cores']} CPUs ({box['cpu']}), flags {', '.join(box['flags']) or 'none'}",
            "date": time.strftime("%Y-%m-%d %H:%M"), "command": shlex.join(args.argv)}
-    write_results("opennmt_levers", res, levers_markdown(res), ensure_ascii=False)
+    write_results(args.results, res, levers_markdown(res), ensure_ascii=False)
     return 0
 
 
@@ -215,4 +216,6 @@ def add_levers(sub) -> None:
     s.add_argument("--base-args", help="words every run adds (e.g. --keep-checkpoints --ema-decay 0.995)")
     s.add_argument("--average", type=int, default=3, help="also score the average of the last N kept checkpoints")
     s.add_argument("--max-sentences", type=int, default=1500, help="first N sentences of each split")
+    s.add_argument("--results", default="opennmt_levers",
+                   help="name of the results files in loadtest/results (default opennmt_levers)")
     s.set_defaults(func=cmd_levers)
