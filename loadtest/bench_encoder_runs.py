@@ -17,6 +17,9 @@ minimise padded tokens plus ``layout.ENCODER_RUN_TOKENS`` per run. Here:
    behaviour before), the two taking turns; medians over rounds of each round's
    mean. Two draws: test-split sentences as they come (every length), and
    sentences of 8-14 words (the issue's "8 texts of about 10 tokens").
+   Where this CPU's form is not the shipped u8 x u8 (VNNI or AMX: u8 x s8), a third
+   engine adds every draw as one run in u8 x u8: the encoder as release f967d83
+   ran it (the same graphs), so ``runs / f967d83`` is the issue's encoder ratio.
 
 Writes ``loadtest/results/bench_encoder_runs.{md,json}`` with the CPU's flags.
 """
@@ -40,7 +43,7 @@ sys.path.insert(0, str(ROOT))
 from loadtest.step_graphs import sources  # noqa: E402
 from service.decoding import layout  # noqa: E402
 from service.decoding.engine import Engine  # noqa: E402
-from service.decoding.int8_form import reported_flags  # noqa: E402
+from service.decoding.int8_form import FormChoice, reported_flags  # noqa: E402
 from service.options import DecodingOptions  # noqa: E402
 
 ONE_RUN = 10**9  # a run cost no padding outweighs: every add is one encoder run
@@ -89,44 +92,56 @@ def add_ms(engine: Engine, draws: list[list], run_tokens: int) -> float:
     return total / texts * 1e3
 
 
-def compare(engine: Engine, pool: list[str], counts: list[int], args: argparse.Namespace) -> list[dict]:
+def compare(engine: Engine, pool: list[str], counts: list[int], args: argparse.Namespace,
+            before: Engine | None = None) -> list[dict]:
+    """Per N: ms/text with runs and as one run (and as f967d83 ran it, on ``before``), alternating."""
     rng = np.random.default_rng(0)
     prepared = [engine.prepare_text(t, DecodingOptions(), i) for i, t in enumerate(pool)]
     default, out = layout.ENCODER_RUN_TOKENS, []
+    variants = [("runs", engine, default), ("one run", engine, ONE_RUN)]
+    variants += [("f967d83", before, ONE_RUN)] if before is not None else []
     for n in counts:
         draws = [[prepared[i] for i in rng.choice(len(prepared), size=n, replace=False)]
                  for _ in range(args.samples)]
-        add_ms(engine, draws[:2], default)  # warm-up
-        rounds: dict[str, list[float]] = {"runs": [], "one run": []}
+        for _, eng, cost in variants:
+            add_ms(eng, draws[:2], cost)  # warm-up
+        rounds: dict[str, list[float]] = {name: [] for name, _, _ in variants}
         for r in range(args.rounds):
-            order = [("runs", default), ("one run", ONE_RUN)][:: 1 if r % 2 == 0 else -1]
-            for name, cost in order:
-                rounds[name].append(add_ms(engine, draws, cost))
+            for name, eng, cost in variants[:: 1 if r % 2 == 0 else -1]:
+                rounds[name].append(add_ms(eng, draws, cost))
         layout.ENCODER_RUN_TOKENS = default
         runs = [len(layout.encoder_runs(sorted((len(p.source_ids) for p in d), reverse=True))) for d in draws]
         real = [sum(len(p.source_ids) for p in d) for d in draws]
         padded = [len(d) * max(len(p.source_ids) for p in d) for d in draws]
         one, split = statistics.median(rounds["one run"]), statistics.median(rounds["runs"])
-        out.append({"texts": n, "one_run_ms_per_text": one, "runs_ms_per_text": split, "ratio": split / one,
-                    "mean_runs": statistics.fmean(runs), "real_share_one_run": sum(real) / sum(padded),
-                    "rounds": rounds})
+        row = {"texts": n, "one_run_ms_per_text": one, "runs_ms_per_text": split, "ratio": split / one,
+               "mean_runs": statistics.fmean(runs), "real_share_one_run": sum(real) / sum(padded),
+               "rounds": rounds}
+        if before is not None:
+            row["f967d83_ms_per_text"] = statistics.median(rounds["f967d83"])
+            row["ratio_f967d83"] = split / row["f967d83_ms_per_text"]
+        out.append(row)
     return out
 
 
 def report(result: dict) -> str:
     cal = result["calibration"]
     lines = [f"# Encoder per text: runs of similar lengths against one run ({result['repository']})", "",
-             f"Machine: {result['machine']}, CPU flags: {result['cpu_flags']}, {result['threads']} threads, "
+             f"Machine: {result['machine']}, CPU flags: {result['cpu_flags']}, int8 form {result.get('int8_form', '?')}, "
+             f"{result['threads']} threads, "
              f"load before {result['load'][0]:.2f}, after {result['load'][1]:.2f}.", "",
              f"Calibration (`Runtime.encode`): {cal['fixed_ms']:.3f} ms per run + {cal['per_token_ms'] * 1e3:.1f} us "
              f"per padded token = **{cal['fixed_tokens']:.1f} padded tokens per run** "
              f"(`layout.ENCODER_RUN_TOKENS` = {result['run_tokens']}).", "",
              f"`Batch.add` per text, medians of {result['rounds']} alternating rounds of {result['samples']} draws:", "",
-             "| texts | draw | one run ms/text | runs ms/text | runs / one run | mean runs | real tokens / padded (one run) |",
-             "|---:|---|---:|---:|---:|---:|---:|"]
+             "| texts | draw | one run ms/text | runs ms/text | runs / one run | mean runs | real tokens / padded (one run) "
+             "| f967d83 (one run, u8 x u8) ms/text | runs / f967d83 |",
+             "|---:|---|---:|---:|---:|---:|---:|---:|---:|"]
     for draw, rows in result["draws"].items():
         lines += [f"| {r['texts']} | {draw} | {r['one_run_ms_per_text']:.3f} | {r['runs_ms_per_text']:.3f} | "
-                  f"{r['ratio']:.2f}x | {r['mean_runs']:.1f} | {r['real_share_one_run']:.0%} |" for r in rows]
+                  f"{r['ratio']:.2f}x | {r['mean_runs']:.1f} | {r['real_share_one_run']:.0%} | "
+                  + (f"{r['f967d83_ms_per_text']:.3f} | {r['ratio_f967d83']:.2f}x |" if "ratio_f967d83" in r
+                     else "(same form) | |") for r in rows]
     lines += ["", f"Command: `{result['command']}`", ""]
     return "\n".join(lines)
 
@@ -142,15 +157,20 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, default=ROOT / "loadtest" / "results" / "bench_encoder_runs")
     args = p.parse_args(argv)
     engine = Engine(args.repository, precision="int8", intra_op_threads=args.threads)
+    before = None  # f967d83's encoder: the shipped u8 x u8 form, every add one run
+    if engine.int8_form != FormChoice.U8U8.value:
+        before = Engine(args.repository, precision="int8", intra_op_threads=args.threads,
+                        int8_form=FormChoice.U8U8)
     every = [json.loads(line)["src_raw"] for line in args.texts.read_text().splitlines() if line.strip()]
     load_before = os.getloadavg()[0]
     result = {"repository": str(args.repository), "machine": f"{cpu_model()}, {os.cpu_count()} CPUs",
               "cpu_flags": reported_flags(), "threads": args.threads, "rounds": args.rounds,
               "samples": args.samples, "run_tokens": layout.ENCODER_RUN_TOKENS,
               "calibration": calibrate(engine, args.rounds),
-              "draws": {"test split": compare(engine, every, args.counts, args),
+              "int8_form": engine.int8_form,
+              "draws": {"test split": compare(engine, every, args.counts, args, before),
                         "8-14 words": compare(engine, sources(args.texts, 2000, np.random.default_rng(2)),
-                                              args.counts, args)},
+                                              args.counts, args, before)},
               "command": "python loadtest/bench_encoder_runs.py " + " ".join(argv or sys.argv[1:])}
     result["load"] = (load_before, os.getloadavg()[0])
     args.out.parent.mkdir(parents=True, exist_ok=True)
