@@ -29,12 +29,10 @@ from typing import Callable
 from .common import OPENNMT, ROOT, is_smoke, log, need_onmt, sha256, work_dir, write_results
 from .evaluate import Setting, evaluate_split, load_ours
 from .prepare import cmd_prepare
-from .report import unknown_lines
+from .report import LABELS, SYSTEMS, compare_markdown
 from .speed import replay_our_run
 from .train import onmt_continue, onmt_train
 
-SYSTEMS = ("ours", "opennmt")
-LABELS = {"ours": "ours", "opennmt": "OpenNMT-py"}
 STATS_KEYS = ("steps", "sentences", "tgt_tokens", "train_s", "sents_per_s", "tgt_tokens_per_s", "checkpoint")
 SPLITS = ("test", "long")
 BEAM = 5
@@ -122,73 +120,6 @@ def run_compare(plan: Plan, *, trainers: dict[str, Trainer], evaluate: Callable,
     return {"smoke": is_smoke(plan.minutes, plan.max_sentences), "plan": plan_record, "beam": BEAM,
             "opennmt_version": OPENNMT, "rounds": rounds, "median": medians(rounds), "machine": box,
             "command": plan.command, "date": time.strftime("%Y-%m-%d %H:%M")}
-
-
-def machine_line(box: dict) -> str:
-    flags = ", ".join(box["flags"]) or "none of avx2, avx512f, VNNI, AMX"
-    return (f"{box['cores']} CPUs ({box['cpu']}), flags {flags}; load average (1 min) {box['load_start']} "
-            f"before the first run, {box['load_end']} after the last")
-
-
-def table(rows: dict[str, dict], splits: list[str], diff: dict) -> list[str]:
-    """One system per line, then the differences ours - OpenNMT-py on the scores."""
-    head = "| system | updates | sentences/s | target tokens/s | minutes used | load before / after |"
-    head += "".join(f" {s} BLEU | {s} chrF |" for s in splits)
-    lines = [head, "|---" * (6 + 2 * len(splits)) + "|"]
-    for who in SYSTEMS:
-        r = rows[who]
-        load = (f"{r['loadavg_before'][0]} / {r['loadavg_after'][0]}" if "loadavg_before" in r else "")
-        lines.append(f"| {LABELS[who]} | {r['steps']:g} | {r['sents_per_s']:.1f} | {r['tgt_tokens_per_s']:.0f} | "
-                     f"{r['minutes_used']:.2f} | {load} |"
-                     + "".join(f" {r[f'{s}_bleu']} | {r[f'{s}_chrf']} |" for s in splits))
-    lines.append("| ours − OpenNMT-py | | | | | |"
-                 + "".join(f" **{diff[s]['bleu']:+.2f}** | **{diff[s]['chrf']:+.2f}** |" for s in splits))
-    return lines
-
-
-def round_rows(res: dict) -> dict[str, dict]:
-    """A round's runs with their scores flattened as the medians are (``test_bleu``, ...)."""
-    return {who: dict(res["runs"][who], **{f"{s}_{k}": row[who][k] for s, row in res["splits"].items()
-                                            for k in ("bleu", "chrf")}) for who in SYSTEMS}
-
-
-def continued_lines(plan: dict) -> list[str]:
-    if not plan.get("continued"):
-        return []
-    ours, peer = plan["continued"]
-    return [f"**Continued runs:** each system's run is a finished shorter run trained on until {plan['minutes']:g} "
-            f"minutes of training in all: ours `{ours}` by `nmt train --resume` (its batches and optimizer "
-            f"resume where they stopped), OpenNMT-py `{peer}` by `train_from` with its optimizer "
-            "(`reset_optim none`), its deterministic batches replayed and skipped up to where the run "
-            "stopped (checked against the batches, sentences and target tokens it counted). Updates, "
-            "sentences/s and minutes count both parts; the load columns are the second part's.", ""]
-
-
-def compare_markdown(res: dict) -> str:
-    plan, n = res["plan"], len(res["rounds"])
-    lines = [f"# Our trainer against OpenNMT-py {OPENNMT}: the same wall time on one machine", ""]
-    if res["smoke"]:
-        lines += ["**SMOKE figures** (under 10 minutes per run, or a subset of sentences): they show the "
-                  "comparison runs; they are not issue 30's acceptance figures.", ""]
-    sentences = ", ".join(f"{row['sentences']} {s}" for s, row in res["rounds"][0]["splits"].items())
-    extra = " ".join(plan["ours_args"])
-    lines += [(f"Corpus {plan['corpus']}, tokenizers {plan['tokenizers']}; {plan['minutes']:g} min of wall clock "
-               f"per training run, {plan['threads']} threads, {n} round(s), order alternating (odd rounds ours "
-               f"first); our extra arguments: {f'`{extra}`' if extra else 'none'}. Beam {res['beam']}: both "
-               f"systems scored by loadtest/opennmt/evaluate.py (export/evaluate/evaluate.py `scores`) on the "
-               f"same sentences ({sentences}). Ours: the run's best.pt; OpenNMT-py: its last checkpoint. "
-               "Updates, sentences/s and target tokens/s counted as `speed` counts them."), "",
-              *continued_lines(plan),
-              f"Machine: {machine_line(res['machine'])}; {res['date']}. A load average over the CPU count "
-              "means other processes shared the CPUs: such a run does not compare the trainers.", ""]
-    for r in res["rounds"]:
-        lines += [f"## Round {r['round']} ({' then '.join(LABELS[w] for w in r['order'])})", ""]
-        lines += table(round_rows(r), list(r["splits"]), r["differences"]) + [""] + unknown_lines(r["splits"])
-    med = res["median"]
-    lines += [f"## Medians over {n} round(s)", "", "The difference row is the median of the rounds' differences.", ""]
-    lines += table(med, list(med["differences"]), med["differences"])
-    lines += ["", f"Reproduce: `{res['command']}`", "", "Made by `loadtest/opennmt_compare.py compare`."]
-    return "\n".join(lines) + "\n"
 
 
 def our_words(run: Path, minutes: float, threads: int, corpus: Path, tokenizers: Path,
