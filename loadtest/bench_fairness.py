@@ -2,7 +2,7 @@
 loop heavy requests, with ``--fairness on`` (rows shared between clients) and ``off`` (one queue in
 arrival order, the scheduler before fairness), alternating rounds.
 
-    python loadtest/bench_fairness.py [--model models/en-fr/3] [--texts build/corpus-v2/test.jsonl] \
+    python loadtest/bench_fairness.py [--model models/en-fr/<served version>] [--texts build/corpus-v2/test.jsonl] \
         [--rounds 2] [--seconds 30]
 
 Each client has its own token (``--auth-token-file``: the token is who a client is). The heavy
@@ -33,7 +33,7 @@ import grpc
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 
-from harness import ServerProcess, scrape  # noqa: E402
+from harness import ServerProcess, scrape, served_version  # noqa: E402
 from service.decoding.int8_form import reported_flags  # noqa: E402
 from service.proto.nmt.v1 import translation_pb2 as pb  # noqa: E402
 from service.proto.nmt.v1 import translation_pb2_grpc as pb_grpc  # noqa: E402
@@ -106,7 +106,7 @@ async def one_round(server: ServerProcess, tokens: list[str], short: list[str], 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", default="models/en-fr/3")
+    p.add_argument("--model", type=Path, default=served_version().relative_to(ROOT))
     p.add_argument("--texts", type=Path, default=ROOT / "build/corpus-v2/test.jsonl")
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--seconds", type=float, default=30)

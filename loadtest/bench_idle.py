@@ -24,7 +24,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 
-from harness import ServerProcess  # noqa: E402
+from harness import ServerProcess, served_version  # noqa: E402
 from service.decoding.int8_form import reported_flags  # noqa: E402
 from service.proto.nmt.v1 import translation_pb2 as pb  # noqa: E402
 
@@ -43,7 +43,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--previous", type=Path, required=True)
     p.add_argument("--texts", type=Path, required=True)
-    p.add_argument("--model", default="models/en-fr/3")
+    p.add_argument("--model", help="relative to each checkout; default: the version it serves by default")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--requests", type=int, default=100)
     p.add_argument("--this-flags", default="--shortlist on")
@@ -57,7 +57,8 @@ def main(argv: list[str] | None = None) -> int:
     for _ in range(args.rounds):
         for name, (tree, flags) in servers.items():
             log = args.out.with_name(f"bench_idle_{name.replace(' ', '_')}_server.log")
-            server = ServerProcess(tree / args.model, log, *flags, env={"PYTHONPATH": str(tree)}, cwd=tree)
+            model = tree / args.model if args.model else served_version(tree)
+            server = ServerProcess(model, log, *flags, env={"PYTHONPATH": str(tree)}, cwd=tree)
             try:
                 medians[name].append(statistics.median(latencies(server, texts)))
             finally:

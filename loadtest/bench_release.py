@@ -38,7 +38,7 @@ from onnx import TensorProto, helper, numpy_helper
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))  # the server harness the tests use
 
-from harness import ServerProcess  # noqa: E402
+from harness import ServerProcess, served_version  # noqa: E402
 from service.decoding.int8_form import FormChoice, Int8Form, cpu_flags, decide, reported_flags  # noqa: E402
 from service.proto.nmt.v1 import translation_pb2 as pb  # noqa: E402
 from service.proto.nmt.v1 import translation_pb2_grpc as pb_grpc  # noqa: E402
@@ -118,10 +118,11 @@ def int8_product_rate(rows: int = 160, inner: int = 1280, outer: int = 1536, thr
     return 2.0 * rows * inner * outer / statistics.median(times)
 
 
-def serve(tree: Path, name: str, log_dir: Path, model: str) -> ServerProcess:
-    """``nmt serve`` of the checkout ``tree`` with its defaults and its shipped model ``model``."""
+def serve(tree: Path, name: str, log_dir: Path, model: str | None) -> ServerProcess:
+    """``nmt serve`` of the checkout ``tree`` with its defaults and its shipped model ``model``
+    (None: the version that checkout serves by default)."""
     env = {"PYTHONPATH": str(tree)}
-    return ServerProcess(tree / model, log_dir / f"bench_release_{name}_server.log",
+    return ServerProcess(tree / model if model else served_version(tree), log_dir / f"bench_release_{name}_server.log",
                          env=env, cwd=tree, startup_timeout=300)
 
 
@@ -145,7 +146,7 @@ def run(args: argparse.Namespace) -> dict:
             finally:
                 server.stop()
         product_rates.append(int8_product_rate())
-    manifest = json.loads((ROOT / args.model / "manifest.json").read_text())
+    manifest = json.loads(((ROOT / args.model if args.model else served_version(ROOT)) / "manifest.json").read_text())
     return {"rounds": rounds, "int8_product_ops_per_s": statistics.median(product_rates),
             "model_config": manifest["model_config"], "clients": args.clients, "duration": args.duration,
             "cpu": f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs",
@@ -191,7 +192,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--duration", type=float, default=10.0, help="seconds per measurement")
     p.add_argument("--clients", type=int, default=128)
     p.add_argument("--max-texts", type=int, default=1000)
-    p.add_argument("--model", default="models/en-fr/3", help="the model each checkout serves (relative to it)")
+    p.add_argument("--model", help="the model each checkout serves (relative to it); default: its own served version")
     p.add_argument("--out", type=Path, default=RESULTS / "bench_release")
     args = p.parse_args(argv)
     result = run(args)

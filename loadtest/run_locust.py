@@ -30,6 +30,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))  # the server harness the tests use (tests/harness.py)
 
 from harness import ServerProcess  # noqa: E402
+from service.config import DEFAULT_MODEL_REPOSITORY  # noqa: E402
 
 LOCUSTFILE = ROOT / "loadtest" / "locustfile.py"
 DEFAULT_TEXTS = ROOT / "build" / "corpus" / "test.jsonl"
@@ -41,7 +42,7 @@ TOKENS_METRIC = "nmt_generated_tokens_total"
 
 def parse(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model-repository", default=os.environ.get("NMT_MODEL_REPOSITORY", "models/en-fr/3"))
+    p.add_argument("--model-repository", default=os.environ.get("NMT_MODEL_REPOSITORY", str(DEFAULT_MODEL_REPOSITORY)))
     p.add_argument("--server", help="host:port of a running server (default: start one here)")
     p.add_argument("--metrics", help="host:port of that server's /metrics (for texts/s, tokens/s)")
     p.add_argument("--server-arg", action="append", default=[],

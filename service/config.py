@@ -21,7 +21,15 @@ from service.choices import Precision, Provider, Batching, ModelControl, ModelVe
 from service.options import Limits
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-DEFAULT_MODEL_REPOSITORY = REPO_ROOT / "models" / "en-fr" / "3"
+
+
+def _served_en_fr(models: Path = REPO_ROOT / "models" / "en-fr") -> Path:
+    """The highest en-fr version the checkout ships (one is tracked at a time), e.g. models/en-fr/4."""
+    versions = [int(p.name) for p in models.iterdir() if p.name.isdigit()] if models.is_dir() else []
+    return models / str(max(versions, default=1))
+
+
+DEFAULT_MODEL_REPOSITORY = _served_en_fr()
 MAX_PORT = 65535
 
 

@@ -46,6 +46,15 @@ LONG_DIGITS = " ".join("1234567890" * 3)  # 30 digits: about 30 decoder steps fo
 LOG_TAIL_CHARS = 3000
 
 
+def served_version(tree: Path = ROOT, name: str = "en-fr") -> Path:
+    """The version of ``name`` a checkout serves by default: the highest one it ships (the
+    server's ``latest`` policy), e.g. ``models/en-fr/3``."""
+    versions = [p for p in (tree / "models" / name).iterdir() if p.name.isdigit() and (p / "manifest.json").is_file()]
+    if not versions:
+        raise FileNotFoundError(f"{tree / 'models' / name}: no version with a manifest.json")
+    return max(versions, key=lambda p: int(p.name))
+
+
 def free_port() -> int:
     """A loopback port nothing listens on now (the OS's choice)."""
     with socket.socket() as s:

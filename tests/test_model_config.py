@@ -9,12 +9,13 @@ from pathlib import Path
 
 import pytest
 
+from harness import served_version
 from service.errors import ModelRepositoryError
 from service.models.config import ModelConfig
 from service.models.manifest import MANIFEST, load_manifest
 
 ROOT = Path(__file__).resolve().parents[1]
-SHIPPED = ROOT / "models" / "en-fr" / "3" / MANIFEST
+SHIPPED = served_version() / MANIFEST
 SIZES = dict(src_vocab_size=30, tgt_vocab_size=25, emb_size=12, enc_hidden_size=10, dec_hidden_size=20,
              attn_size=14, out_size=8, dropout=0.0)
 WRITTEN_BEFORE_THE_KINDS = {"src_vocab_size": 8000, "tgt_vocab_size": 8000, "emb_size": 256,
@@ -54,7 +55,6 @@ def test_a_manifest_round_trips_from_exports_writer_to_the_servers_loader(tiny_c
     assert manifest.model_config == ckpt.config and manifest.attention == ckpt.config.attention
 
 
-@pytest.mark.skipif(not SHIPPED.is_file(), reason="no shipped models/en-fr/3")
 def test_the_shipped_manifests_config_loads_and_writes_back_the_same_json() -> None:
     raw = json.loads(SHIPPED.read_text())["model_config"]
     config = ModelConfig.from_dict(raw)
@@ -134,3 +134,12 @@ def test_a_checkpoint_with_a_mistyped_config_names_the_field(tiny_checkpoint: Pa
                                               r"an integer, got 32\.0\)"):
         load_checkpoint(tmp_path / "bad.pt")
 
+
+
+def test_the_default_repository_is_the_highest_en_fr_version_shipped(tmp_path: Path) -> None:
+    from service import config
+
+    for name in ("3", "12", "notes"):
+        (tmp_path / name).mkdir()
+    assert config._served_en_fr(tmp_path) == tmp_path / "12"
+    assert config.DEFAULT_MODEL_REPOSITORY == served_version()

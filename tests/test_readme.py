@@ -21,10 +21,10 @@ from pathlib import Path
 
 import pytest
 
-from harness import ServerThread, config_for, http_request
+from harness import ServerThread, config_for, http_request, served_version
 
 ROOT = Path(__file__).resolve().parents[1]
-SHIPPED = ROOT / "models" / "en-fr" / "3"
+SHIPPED = served_version()
 README = ROOT / "README.md"
 PAGES = [README, *sorted((ROOT / "docs").glob("*.md")), ROOT / "models" / "en-fr" / "README.md"]
 NUMBER = re.compile(r"-?\d+\.\d+")
