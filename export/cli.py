@@ -200,7 +200,7 @@ def prune_main(argv: list[str]) -> int:
     from export.graphs.repository import prune_repository
 
     p = argparse.ArgumentParser(prog="nmt prune", description=prune_repository.__doc__)
-    p.add_argument("repo", type=Path, help="model repository, e.g. models/en-fr/3")
+    p.add_argument("repo", type=Path, help="model repository, e.g. models/en-fr/4")
     p.add_argument("--keep", action="append", required=True, metavar="PRECISION",
                    help="a precision whose graphs stay (repeatable), e.g. int8")
     args = p.parse_args(argv)

@@ -1,6 +1,6 @@
 """The encoder per text: one run for all joining texts, against runs of similar lengths.
 
-    python loadtest/bench_encoder_runs.py models/en-fr/3 --texts build/corpus-v2/test.jsonl \
+    python loadtest/bench_encoder_runs.py models/en-fr/4 --texts build/corpus-v2/test.jsonl \
         [--counts 1 8 16 64] [--samples 40] [--rounds 5] [--threads 2]
 
 The encoder's GRU computes every row of a run up to the run's longest source, so

@@ -1,6 +1,6 @@
 """Service benchmark: closed-loop concurrency sweep and step- vs request-level batching.
 
-    python loadtest/bench_service.py --model-repository models/en-fr/3 \
+    python loadtest/bench_service.py --model-repository models/en-fr/4 \
         --texts data/corpus/test.jsonl            # the real model, test split
     python loadtest/bench_service.py --model-repository /tmp/reversal --digits --quick
 

@@ -1,6 +1,6 @@
 """Decoder step and encoder of a shipped model repository, against their int8 product floors.
 
-    python loadtest/bench_step.py [models/en-fr/3] --texts build/corpus-v2/test.jsonl \
+    python loadtest/bench_step.py [models/en-fr/4] --texts build/corpus-v2/test.jsonl \
         [--rows 32 64 160 512] [--beam 5] [--threads 2] [--rounds 7] [--steps 20] \
         [--encoder-texts 1 8 64] [--profile 160]
 

@@ -12,11 +12,11 @@ Commands::
 
     P=".venv/bin/python loadtest/opennmt_compare.py"
     $P setup                                   # build/onmt-venv: torch 2.13.0 CPU + OpenNMT-py 3.5.1
-    $P prepare build/corpus-v2 --tokenizers models/en-fr/3
+    $P prepare build/corpus-v2 --tokenizers models/en-fr/4
     $P train build/corpus-v2 --minutes 29.81   # -> build/opennmt-compare/corpus-v2/runs/onmt-29.81m/
     $P evaluate build/corpus-v2 --onmt build/opennmt-compare/corpus-v2/runs/onmt-29.81m \\
         --ours build/en-fr/checkpoint-3.pt     # -> loadtest/results/opennmt_quality.{json,md}
-    $P speed build/corpus-v2 --tokenizers models/en-fr/3 --minutes 3 --rounds 3
+    $P speed build/corpus-v2 --tokenizers models/en-fr/4 --minutes 3 --rounds 3
                                                # -> loadtest/results/opennmt_speed.md
     $P compare build/corpus-v2 --tokenizers build/tokenizers-v2 --minutes 30 --rounds 2
                                                # -> loadtest/results/opennmt_compare.{json,md}

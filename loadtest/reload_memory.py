@@ -1,6 +1,6 @@
 """Memory over model reloads: 20 load/unload cycles of a model version, RSS after each.
 
-    python loadtest/reload_memory.py --model-repository models/en-fr/3 [--cycles 20]
+    python loadtest/reload_memory.py --model-repository models/en-fr/4 [--cycles 20]
 
 An in-process server (``tests/harness.py``) serves ``<tmp>/en-fr/<n>/``; each cycle
 copies the model in as version n + 1 (hard links: no disk copy), rescans (the new

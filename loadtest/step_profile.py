@@ -105,7 +105,7 @@ def table(profiles: Sequence[StepProfile]) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python loadtest/step_profile.py models/en-fr/3 --texts build/corpus-v2/test.jsonl``: the
+    """``python loadtest/step_profile.py models/en-fr/4 --texts build/corpus-v2/test.jsonl``: the
     served repository's int8 engine, greedy at 64 texts per batch and beam 5 at 13 (about 64
     rows each), every test source of 4 to 30 words; prints the table."""
     import argparse
