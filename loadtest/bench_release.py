@@ -122,8 +122,9 @@ def serve(tree: Path, name: str, log_dir: Path, model: str | None) -> ServerProc
     """``nmt serve`` of the checkout ``tree`` with its defaults and its shipped model ``model``
     (None: the version that checkout serves by default)."""
     env = {"PYTHONPATH": str(tree)}
-    return ServerProcess(tree / model if model else served_version(tree), log_dir / f"bench_release_{name}_server.log",
-                         env=env, cwd=tree, startup_timeout=300)
+    repository = tree / model if model else served_version(tree)
+    return ServerProcess(repository, log_dir / f"bench_release_{name}_server.log", env=env, cwd=tree,
+                         startup_timeout=300)
 
 
 def run(args: argparse.Namespace) -> dict:
@@ -146,7 +147,8 @@ def run(args: argparse.Namespace) -> dict:
             finally:
                 server.stop()
         product_rates.append(int8_product_rate())
-    manifest = json.loads(((ROOT / args.model if args.model else served_version(ROOT)) / "manifest.json").read_text())
+    this = ROOT / args.model if args.model else served_version(ROOT)  # both releases' models have its sizes
+    manifest = json.loads((this / "manifest.json").read_text())
     return {"rounds": rounds, "int8_product_ops_per_s": statistics.median(product_rates),
             "model_config": manifest["model_config"], "clients": args.clients, "duration": args.duration,
             "cpu": f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs",

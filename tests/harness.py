@@ -48,8 +48,9 @@ LOG_TAIL_CHARS = 3000
 
 def served_version(tree: Path = ROOT, name: str = "en-fr") -> Path:
     """The version of ``name`` a checkout serves by default: the highest one it ships (the
-    server's ``latest`` policy), e.g. ``models/en-fr/3``."""
-    versions = [p for p in (tree / "models" / name).iterdir() if p.name.isdigit() and (p / "manifest.json").is_file()]
+    server's ``latest`` policy; ``service.config`` picks its own default so), e.g. ``models/en-fr/4``."""
+    versions = [p for p in (tree / "models" / name).iterdir()
+                if p.name.isdigit() and (p / "manifest.json").is_file()]
     if not versions:
         raise FileNotFoundError(f"{tree / 'models' / name}: no version with a manifest.json")
     return max(versions, key=lambda p: int(p.name))
