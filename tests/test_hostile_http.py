@@ -12,9 +12,12 @@ import time
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from harness import ServerThread, config_for, http_request, wait_until
 from service.api.auth import TokenFile
+from service.api.http_json import nested_too_deep
 
 TOKEN = "s3cret-hostile-token"
 TRANSLATE = b'{"texts": ["1 2 3"]}'
@@ -66,8 +69,29 @@ def test_json_nested_a_thousand_deep_is_a_400(server: ServerThread, caplog: pyte
                               headers={"Content-Type": "application/json"})
         assert answer.status == 400, answer.body[:200]
         assert answer.json() == {"code": "INVALID_ARGUMENT",
-                                 "message": "request body is not valid JSON: nested too deep"}
+                                 "message": "request body must be JSON: arrays and objects nested more than 32 deep (the limit)"}
+        answer = http_request(server.http_port, "POST", "/translate", body.replace(b"texts", b"q"),
+                              headers={"Content-Type": "application/json"})
+        assert answer.status == 400 and answer.json() == {"error": "Invalid request: the body is not valid JSON"}
     no_tracebacks(caplog)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.recursive(st.none() | st.integers() | st.text(alphabet='[]{}"\\ab'),
+                    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text('[]{}"\\'), inner, max_size=3),
+                    max_leaves=60))
+def test_the_depth_check_counts_brackets_outside_strings_only(tree: object) -> None:
+    body = json.dumps(tree).encode()
+    for limit in (1, 2, 4, 8):
+        assert nested_too_deep(body, limit) == (depth(tree) > limit), (body, limit)
+
+
+def depth(tree: object) -> int:
+    if isinstance(tree, list):
+        return 1 + max(map(depth, tree), default=0)
+    if isinstance(tree, dict):
+        return 1 + max(map(depth, tree.values()), default=0)
+    return 0
 
 
 @pytest.mark.parametrize("value", [b"Bearer \xff", b"Bearer " + TOKEN.encode() + b"\xff",

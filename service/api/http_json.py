@@ -9,6 +9,7 @@ answer. ``tests/test_http.py`` checks that the two agree on real answers.
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 from google.protobuf import json_format
@@ -19,6 +20,8 @@ from service.errors import ErrorKind
 from service.proto.nmt.v1 import translation_pb2 as pb
 
 KIND_NAMES = {value.number: value.name for value in pb.ResultKind.DESCRIPTOR.values}
+MAX_JSON_DEPTH = 32  # a TranslateRequest nests 3 deep, a LibreTranslate body 2
+_STRINGS_AND_BRACKETS = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"|[\[\]{}]')
 
 
 class BodyError(ValueError):
@@ -57,14 +60,38 @@ def to_json(message: Message) -> bytes:
     return dump(message_dict(message))
 
 
+def nested_too_deep(body: bytes, limit: int = MAX_JSON_DEPTH) -> bool:
+    """Whether arrays and objects nest more than ``limit`` deep (brackets inside strings do not
+    count). Checked before ``json.loads``, which would otherwise recurse to the interpreter's
+    limit: a garbage collection at that depth fails the finalizers it runs, in any thread."""
+    if body.count(b"[") + body.count(b"{") <= limit:
+        return False
+    depth = 0
+    for token in _STRINGS_AND_BRACKETS.finditer(body):
+        first = token.group()[0]
+        if first in b"[{":
+            depth += 1
+            if depth > limit:
+                return True
+        elif first in b"]}":
+            depth -= 1
+    return False
+
+
+def loads(body: bytes) -> Any:
+    """``json.loads`` of a request body; ``ValueError`` when it nests more than ``MAX_JSON_DEPTH``."""
+    if nested_too_deep(body):
+        raise ValueError(f"arrays and objects nested more than {MAX_JSON_DEPTH} deep (the limit)")
+    return json.loads(body)
+
+
 def parse_request(body: bytes) -> pb.TranslateRequest:
     """A ``TranslateRequest`` from its JSON mapping; ``BodyError`` naming the problem."""
     try:
-        tree = json.loads(body.decode("utf-8"))
+        body.decode("utf-8")
+        tree = loads(body)
     except (UnicodeDecodeError, ValueError) as e:
         raise BodyError(f"request body must be JSON: {e}") from None
-    except RecursionError:  # arrays or objects nested about 1,000 deep
-        raise BodyError("request body is not valid JSON: nested too deep") from None
     if not isinstance(tree, dict):
         raise BodyError(f"request body must be a JSON object (a TranslateRequest), got {type(tree).__name__}")
     try:

@@ -28,6 +28,7 @@ from typing import Any, Awaitable, Callable, Sequence
 from aiohttp import web
 
 from service import languages
+from service.api import http_json
 from service.api.auth import Authorize
 from service.api.frontend import OK, Frontend, status
 from service.errors import ErrorKind, NmtError, invalid
@@ -245,8 +246,8 @@ async def _params(request: web.Request) -> dict:
         return params
     if request.content_type == "application/json":
         try:
-            body = json.loads(await request.read())
-        except (ValueError, RecursionError):
+            body = http_json.loads(await request.read())
+        except ValueError:
             raise LtError("Invalid request: the body is not valid JSON") from None
         if not isinstance(body, dict):
             raise LtError("Invalid request: the JSON body must be an object")
