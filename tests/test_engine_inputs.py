@@ -137,3 +137,14 @@ def test_the_engine_never_imports_torch(tiny_repository: Path) -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "imported: []"
+
+
+def test_cuda_sessions_ask_for_tf32_off_and_the_cpu_for_what_cuda_lacks() -> None:
+    from service.decoding.runtime import provider_list
+
+    assert provider_list("cpu") == ["CPUExecutionProvider"]
+    (cuda, options), cpu = provider_list("cuda")
+    assert (cuda, cpu) == ("CUDAExecutionProvider", "CPUExecutionProvider")
+    assert options == {"use_tf32": "0"}  # loadtest/results/bench_cuda.md
+    with pytest.raises(ValueError, match="provider must be one of"):
+        provider_list("rocm")

@@ -30,6 +30,8 @@ from service.models.manifest import (DECODER_INPUTS, DECODER_OUTPUTS, ENCODER_IN
 PROVIDERS = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider"}
 STEP_OUTPUTS = ["topk_log_probs", "topk_ids", "next_state", "attention"]  # log_probs stays inside
 CUDA_DEVICE_ID = 0
+# device 0 (CUDA_DEVICE_ID) is the default: naming it logs a plugin-EP warning per session (ORT 1.31)
+CUDA_OPTIONS = {"use_tf32": "0"}
 SHORTLIST_INPUTS = {name: axes for name, (_, axes) in SHORTLIST_TYPES.items()}
 KNOWN_ANSWER_ROWS, KNOWN_ANSWER_SRC_LEN = 24, 12  # the fixed batch both int8 forms must agree on
 KNOWN_ANSWER_EOS = 3
@@ -77,17 +79,27 @@ def _session_options(intra_op_threads: int | None, *, spinning: bool = False) ->
     return opts
 
 
-def _check_provider(provider: str) -> list[str]:
+def provider_list(provider: str) -> list[Any]:
+    """ONNX Runtime's providers for ``provider``: CUDA with the CPU for what it lacks, and TF32
+    off (as CTranslate2 by default): with it, fp32 products on the GPU's tensor cores round
+    inputs to 10 mantissa bits, and 1 greedy translation in 256 differed from the CPU's
+    (``loadtest/results/bench_cuda.md``)."""
     if provider not in PROVIDERS:
         raise ValueError(f"provider must be one of {sorted(PROVIDERS)}, got {provider!r}")
+    if provider == "cpu":
+        return [PROVIDERS["cpu"]]
+    return [(PROVIDERS["cuda"], CUDA_OPTIONS), PROVIDERS["cpu"]]
+
+
+def _check_provider(provider: str) -> list[Any]:
     if provider == "cuda" and PROVIDERS["cuda"] not in ort.get_available_providers():
         raise ProviderUnavailableError(
             "provider 'cuda' needs the onnxruntime-gpu package (pip install 'nmt-serve[gpu]'); "
             f"this onnxruntime offers {ort.get_available_providers()}")
-    return [PROVIDERS[provider]] + ([PROVIDERS["cpu"]] if provider == "cuda" else [])
+    return provider_list(provider)
 
 
-def _load_session(path: str, options: ort.SessionOptions, providers: list[str],
+def _load_session(path: str, options: ort.SessionOptions, providers: list[Any],
                   inputs: dict, outputs: dict, *, model: bytes | None = None) -> ort.InferenceSession:
     """A session whose input and output names are the contract's, or ModelRepositoryError
     (``model``: the graph of ``path`` as converted in memory)."""
@@ -168,7 +180,7 @@ class Runtime:
         return form, why
 
     def _use_shortlist(self, path: str, shortlist: Shortlist, *, options: ort.SessionOptions,
-                       providers: list[str]) -> None:
+                       providers: list[Any]) -> None:
         """The step's two shortlist sessions (gathered, masked; ``service.decoding.shortlist``)
         from the chosen form's graph; ModelRepositoryError when the graph has no such output layer."""
         step = self._step_model if self._step_model is not None else onnx.load(path)
