@@ -24,7 +24,6 @@ recorded with its traceback and the next part runs.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import os
 import platform
@@ -42,7 +41,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "loadtest"))
 sys.path.insert(0, str(ROOT / "tests"))
 
-from bench_release import saturate  # noqa: E402
+from bench_release import SHAPES, each_shape  # noqa: E402
 from harness import ServerProcess  # noqa: E402
 from service.decoding.engine import Engine, _tokenizer  # noqa: E402
 from service.decoding.runtime import Runtime, _step_feed  # noqa: E402
@@ -50,7 +49,6 @@ from service.models.manifest import DECODER_OUTPUTS, load_manifest  # noqa: E402
 from service.options import DecodingOptions  # noqa: E402
 
 RESULTS = ROOT / "loadtest" / "results"
-SHAPES = (1, 8)
 
 
 def graphs_parity(repository: Path, texts: list[str], provider: str, steps: int = 20) -> dict:
@@ -147,12 +145,9 @@ def service(repository: Path, texts: list[str], args: argparse.Namespace) -> dic
             server = ServerProcess(repository, log, *flags, startup_timeout=300)
             try:
                 listed[name] = server.http("GET", "/v1/models").json()
-                for per_call in SHAPES:
-                    result = asyncio.run(saturate(server.address, texts, per_call=per_call, clients=args.clients,
-                                                  duration=args.duration, seed=r))
+                for per_call, result in each_shape(server.address, texts, clients=args.clients,
+                                                   duration=args.duration, seed=r, label=f"round {r} {name}"):
                     rounds[name][per_call].append(result)
-                    print(f"round {r} {name} {per_call}/call: {result['texts_per_s']:.0f} texts/s, "
-                          f"{result['errors']} errors", flush=True)
             finally:
                 server.stop()
     return {"rounds": rounds, "models": listed, "clients": args.clients, "duration": args.duration}

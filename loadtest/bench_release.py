@@ -77,6 +77,19 @@ async def saturate(address: str, texts: list[str], *, per_call: int, clients: in
             "texts": done, "target_tokens": tokens, "source_tokens": sources, "seconds": seconds}
 
 
+def each_shape(address: str, texts: list[str], *, clients: int, duration: float, seed: int,
+               label: str) -> list[tuple[int, dict]]:
+    """``saturate`` at each number of texts per call (``SHAPES``), one after the other, printed."""
+    results = []
+    for per_call in SHAPES:
+        result = asyncio.run(saturate(address, texts, per_call=per_call, clients=clients, duration=duration,
+                                      seed=seed))
+        results.append((per_call, result))
+        print(f"{label} {per_call}/call: {result['texts_per_s']:.0f} texts/s, "
+              f"{result['tokens_per_s']:.0f} tokens/s, {result['errors']} errors", flush=True)
+    return results
+
+
 def model_flops(config: dict, *, texts: int, source_tokens: int, target_tokens: int) -> float:
     """Multiply-adds x 2 of the products greedy decoding runs: per source token the encoder's
     GRU (both directions) and the attention keys; per decoder step (target tokens + EOS) the
@@ -138,12 +151,9 @@ def run(args: argparse.Namespace) -> dict:
         for name, tree in trees.items():
             server = serve(tree, name, args.out.parent, args.model)
             try:
-                for per_call in SHAPES:
-                    result = asyncio.run(saturate(server.address, texts, per_call=per_call, clients=args.clients,
-                                                  duration=args.duration, seed=r))
+                for per_call, result in each_shape(server.address, texts, clients=args.clients,
+                                                   duration=args.duration, seed=r, label=f"round {r} {name}"):
                     rounds[name][per_call].append(result)
-                    print(f"round {r} {name} {per_call}/call: {result['texts_per_s']:.0f} texts/s, "
-                          f"{result['tokens_per_s']:.0f} tokens/s, {result['errors']} errors", flush=True)
             finally:
                 server.stop()
         product_rates.append(int8_product_rate())
