@@ -139,6 +139,38 @@ def test_a_deleted_token_file_is_one_log_line(tmp_path: Path, caplog: pytest.Log
     assert tokens.accepts(b"another") and not tokens.accepts(TOKEN.encode())
 
 
+def until_closed(port: int, data: bytes, *, timeout: float = 10) -> bytes:
+    """Send ``data``; everything the server sends until it closes the connection."""
+    with socket.create_connection(("127.0.0.1", port), timeout=timeout) as s:
+        s.sendall(data)
+        out = b""
+        while chunk := s.recv(1 << 16):
+            out += chunk
+    return out
+
+
+@pytest.mark.parametrize("path, content_type, body, error_field", [
+    ("/v1/translate", b"application/json", b"not gzip at all", "message"),
+    ("/v1/translate", b"application/json", b"\x1f\x8b\x08\x00" + b"\x00" * 20, "message"),
+    ("/translate", b"application/json", b"not gzip at all", "error"),
+    ("/translate", b"application/x-www-form-urlencoded", b"not gzip at all", "error"),
+], ids=["translate-garbage", "translate-truncated", "libretranslate-json", "libretranslate-form"])
+def test_an_unreadable_body_is_a_400_that_closes_the_connection(server: ServerThread, path: str, content_type: bytes,
+                                                                body: bytes, error_field: str,
+                                                                caplog: pytest.LogCaptureFixture) -> None:
+    """A body that cannot be decoded: the answer closes the connection (the rest of the stream
+    cannot be framed), and aiohttp does not linger re-reading the payload whose error it would
+    log as unhandled. Reading until the server closes makes the check after its last word."""
+    out = until_closed(server.http_port, b"POST " + path.encode() + b" HTTP/1.1\r\nHost: x\r\nContent-Type: "
+                       + content_type + b"\r\nContent-Encoding: gzip\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
+    head, _, answer = out.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 400 "), out[:300]
+    assert b"connection: close" in head.lower()
+    assert "could not be read" in json.loads(answer)[error_field]
+    no_tracebacks(caplog)
+    assert http_request(server.http_port, "GET", "/healthz").status == 200
+
+
 @pytest.mark.parametrize("request_bytes, status", [
     (b"GET /" + b"a" * 9000 + b" HTTP/1.1\r\nHost: x\r\n\r\n", 414),
     (b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 10_000 + b"\r\n\r\n", 431),

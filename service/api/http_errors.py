@@ -17,15 +17,17 @@ from __future__ import annotations
 
 import json
 import logging
-from typing import Mapping
+from typing import Awaitable, Callable, Mapping, TypeVar
 
 from aiohttp import web, web_protocol
 from aiohttp.http_exceptions import BadHttpMessage, HttpProcessingError, LineTooLong
+from aiohttp.web_protocol import RequestPayloadError
 
 from service.api.frontend import status as kind_status
 from service.errors import ErrorKind, NmtError
 
 log = logging.getLogger("nmt.http")
+T = TypeVar("T")
 
 REASONS = {400: "malformed HTTP request", 413: "request body too large",
            414: "request line (URL) too long", 431: "request header fields too large",
@@ -57,11 +59,28 @@ def json_error(status: int, message: str) -> web.Response:
 
 class HttpError(NmtError):
     """A refusal before the request reaches the front door (body, content type, route), with
-    an HTTP status of its own where HTTP has a closer one than its kind's (413, 415, 405)."""
+    an HTTP status of its own where HTTP has a closer one than its kind's (413, 415, 405);
+    ``close``: the answer closes the connection (the rest of the request cannot be framed)."""
 
-    def __init__(self, kind: ErrorKind, message: str, *, http_status: int | None = None) -> None:
+    def __init__(self, kind: ErrorKind, message: str, *, http_status: int | None = None,
+                 close: bool = False) -> None:
         super().__init__(kind, message)
         self.http_status = kind_status(kind).http if http_status is None else http_status
+        self.close = close
+
+
+async def read_body(request: web.Request, read: Callable[[], Awaitable[T]] | None = None) -> T | bytes:
+    """The request's body (``read``: another reader of it, ``request.post`` for a form). One
+    that cannot be read (a bad chunk, a corrupt gzip stream) is the
+    client's fault: an ``HttpError`` 400 whose answer closes the connection. The payload is
+    marked finished first: aiohttp would otherwise linger after the answer, reading the rest
+    of a payload that already failed, and log its stored error as an unhandled exception."""
+    try:
+        return await (read or request.read)()
+    except RequestPayloadError as e:
+        request.content.feed_eof()
+        raise HttpError(ErrorKind.INVALID_ARGUMENT, "request body could not be read: "
+                        f"{str(e).splitlines()[-1].strip()[:120]}", http_status=400, close=True) from None
 
 
 def error_body(error: NmtError, *, ensure_ascii: bool = False) -> bytes:
@@ -74,8 +93,11 @@ def error_response(error: NmtError, headers: Mapping[str, str] | None = None) ->
     http_status = error.http_status if isinstance(error, HttpError) else kind_status(error.kind).http
     if error.kind is ErrorKind.UNAUTHENTICATED:  # RFC 6750: the scheme the client must use
         headers = {**(headers or {}), "WWW-Authenticate": "Bearer"}
-    return web.Response(status=http_status, body=error_body(error), content_type="application/json",
-                        headers=headers)
+    response = web.Response(status=http_status, body=error_body(error), content_type="application/json",
+                            headers=headers)
+    if isinstance(error, HttpError) and error.close:
+        response.force_close()
+    return response
 
 
 def route_error(request: web.Request, e: web.HTTPException) -> web.Response:

@@ -37,12 +37,12 @@ from pathlib import Path
 from typing import Awaitable, Callable, Mapping
 
 from aiohttp import web
-from aiohttp.web_protocol import RequestPayloadError
 
 from service.api import convert
 from service.api.auth import Authorize, allow_all
 from service.api.frontend import OK, Admitted, Frontend, status
-from service.api.http_errors import HttpError, JsonErrorsRunner, error_body, error_response, route_error
+from service.api.http_errors import (HttpError, JsonErrorsRunner, error_body, error_response, read_body,
+                                     route_error)
 from service.api.http_limits import HttpLimits, LimitedSite
 from service.api.http_json import BodyError, parse_request, sse, to_json
 from service.api.libretranslate import LibreTranslate
@@ -206,12 +206,9 @@ class HttpServer:
         if (request.content_length or 0) > self.max_body:
             raise self._too_large()
         try:
-            body = await request.read()
+            body = await read_body(request)
         except web.HTTPRequestEntityTooLarge:
             raise self._too_large() from None
-        except RequestPayloadError as e:  # a bad chunk, a corrupt gzip body: the client's fault
-            raise HttpError(ErrorKind.INVALID_ARGUMENT, f"request body could not be read: "
-                            f"{str(e).splitlines()[-1].strip()[:120]}", http_status=400) from None
         message = parse_request(body)
         client = self.frontend.client(authorization=request.headers.get("Authorization"),
                                       peer=request.remote or "", client_id=request.headers.get("X-Client-Id"))

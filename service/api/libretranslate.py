@@ -31,6 +31,7 @@ from service import languages
 from service.api import http_json
 from service.api.auth import Authorize
 from service.api.frontend import OK, Frontend, status
+from service.api.http_errors import HttpError, read_body
 from service.errors import ErrorKind, NmtError, invalid
 from service.options import DecodingOptions
 from service.text import html_segments, language_id
@@ -83,6 +84,12 @@ class LibreTranslate:
             except LtError as e:
                 code = "INVALID_ARGUMENT" if e.http_status == 400 else str(e.http_status)
                 return _error(str(e), e.http_status)
+            except HttpError as e:  # a body that cannot be read
+                code = status(e.kind).name
+                response = _error(e.message, e.http_status)
+                if e.close:
+                    response.force_close()
+                return response
             except web.HTTPRequestEntityTooLarge:
                 code = status(ErrorKind.RESOURCE_EXHAUSTED).name
                 return _error(f"request body must be at most {request.app._client_max_size} bytes", 413)
@@ -246,14 +253,14 @@ async def _params(request: web.Request) -> dict:
         return params
     if request.content_type == "application/json":
         try:
-            body = http_json.loads(await request.read())
+            body = http_json.loads(await read_body(request))
         except ValueError:
             raise LtError("Invalid request: the body is not valid JSON") from None
         if not isinstance(body, dict):
             raise LtError("Invalid request: the JSON body must be an object")
         params.update(body)
     elif request.content_type in ("application/x-www-form-urlencoded", "multipart/form-data"):
-        form = await request.post()
+        form = await read_body(request, request.post)
         for name in form:
             values = form.getall(name)
             params[name] = values if len(values) > 1 else values[0]
