@@ -31,7 +31,7 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Any, Callable, Coroutine, Sequence, TypeVar
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -44,6 +44,7 @@ SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 LONG_DIGITS = " ".join("1234567890" * 3)  # 30 digits: about 30 decoder steps for the reversal model
 LOG_TAIL_CHARS = 3000
+T = TypeVar("T")
 
 
 def served_version(tree: Path = ROOT, name: str = "en-fr") -> Path:
@@ -159,6 +160,7 @@ class ServerThread(_Client):
         self.started, self.app, self.error = threading.Event(), None, None
         self.listening = threading.Event()  # the port is known (start-up may still run)
         self.grace = 0.0
+        self._client_loop: asyncio.AbstractEventLoop | None = None
         self.thread = threading.Thread(target=lambda: asyncio.run(self._main()), daemon=True)
         self.thread.start()
         if wait:
@@ -199,12 +201,24 @@ class ServerThread(_Client):
     def http_port(self) -> int:
         return self.app.http.port
 
+    def run_client(self, coroutine: Coroutine[Any, Any, T]) -> T:
+        """``coroutine`` run to its end on a client event loop that stays open until the server
+        has stopped. grpc.aio's completion queue serves every event loop of the process: a
+        late event for a call of a closed client loop, handled by the server's loop, logs
+        "Event loop is closed" with a traceback (``asyncio.run`` closes its loop at once)."""
+        if self._client_loop is None:
+            self._client_loop = asyncio.new_event_loop()
+        return self._client_loop.run_until_complete(coroutine)
+
     def stop(self, grace: float = 0.0, *, wait: bool = True) -> None:
         self.grace = grace
         self.loop.call_soon_threadsafe(self._stop.set)
         if wait:
             self.thread.join(30)
             self._close_channel()
+            if self._client_loop is not None:
+                self._client_loop.close()  # not run again: it would serve the stopped server's events
+                self._client_loop = None
 
     def __enter__(self) -> ServerThread:
         return self

@@ -118,7 +118,7 @@ def test_good_clients_are_served_through_mixed_hostile_load(reversal_repository:
             await asyncio.gather(good_grpc(s.address, stop_at, failures, counts),
                                  good_http(s.http_url, stop_at, failures, counts),
                                  *(hostile(s.http_port, s.address, stop_at, seed) for seed in range(4)))
-        asyncio.run(main())
+        s.run_client(main())
         assert s.http("GET", "/readyz").status == 200
     assert failures == []
     assert counts["grpc"] > 0 and counts["http"] > 0
