@@ -86,6 +86,13 @@ def tokenizers_main(argv: list[str]) -> int:
     return 0
 
 
+def _fraction(text: str) -> float:
+    value = float(text)
+    if not 0.0 <= value < 1.0:
+        raise argparse.ArgumentTypeError(f"must be in [0, 1), got {text}")
+    return value
+
+
 def train_parser() -> argparse.ArgumentParser:
     """``nmt train``'s options (also read by loadtest/opennmt/levers.py to recognise a finished run)."""
     from export.train import training as train
@@ -103,6 +110,8 @@ def train_parser() -> argparse.ArgumentParser:
                         "does not change, for comparing runs")
     p.add_argument("--batch-tokens", type=int, default=d.batch_tokens)
     p.add_argument("--lr", type=float, default=d.lr)
+    p.add_argument("--label-smoothing", type=_fraction, default=d.label_smoothing,
+                   help="the target's probability mass spread over the vocabulary, in [0, 1) (OpenNMT-py's 0.1)")
     p.add_argument("--validate-minutes", type=float, default=d.validate_minutes)
     p.add_argument("--validate-steps", type=int, default=d.validate_steps,
                    help="validate every this many steps instead of minutes (0: by minutes)")
@@ -139,7 +148,7 @@ def train_settings(args: argparse.Namespace) -> tuple[dict, object]:
                                                   "attn_size", "out_size", "dropout", "attention")
                     if getattr(args, k) is not None}
     config = train.TrainConfig(minutes=args.minutes, max_epochs=args.max_epochs, max_steps=args.max_steps,
-                               batch_tokens=args.batch_tokens, lr=args.lr,
+                               batch_tokens=args.batch_tokens, lr=args.lr, label_smoothing=args.label_smoothing,
                                validate_minutes=args.validate_minutes, validate_steps=args.validate_steps,
                                seed=args.seed, threads=args.threads, init_uniform=args.init_uniform,
                                warmup_steps=args.warmup_steps, lr_schedule=args.lr_schedule,

@@ -137,3 +137,14 @@ def test_a_bf16_run_trains_and_says_so(tiny_corpus: Path, tiny_tokenizers: Path,
     assert all(v.dtype == torch.float32 for v in weights.values())
     with pytest.raises(ValueError, match="bf16: 'fast'"):
         train.train(tiny_corpus, tiny_tokenizers, tmp_path / "x", config=train.TrainConfig(bf16="fast"))
+
+
+def test_label_smoothing_is_a_flag_checked_before_training(capsys: pytest.CaptureFixture[str]) -> None:
+    from export.cli import train_parser, train_settings
+
+    words = ["corpus", "--tokenizers", "tok", "--output", "run"]
+    assert train_settings(train_parser().parse_args(words))[1].label_smoothing == 0.1  # OpenNMT-py's
+    assert train_settings(train_parser().parse_args([*words, "--label-smoothing", "0"]))[1].label_smoothing == 0.0
+    with pytest.raises(SystemExit):
+        train_parser().parse_args([*words, "--label-smoothing", "1"])
+    assert "--label-smoothing: must be in [0, 1), got 1" in capsys.readouterr().err

@@ -81,15 +81,9 @@ class LibreTranslate:
                         self._check_key(params, request)
                     params["client"] = self._client(params, request)
                     return web.json_response(await handler(params), dumps=_dumps)
-            except LtError as e:
+            except (LtError, HttpError) as e:  # HttpError: a body that cannot be read
                 code = "INVALID_ARGUMENT" if e.http_status == 400 else str(e.http_status)
-                return _error(str(e), e.http_status)
-            except HttpError as e:  # a body that cannot be read
-                code = status(e.kind).name
-                response = _error(e.message, e.http_status)
-                if e.close:
-                    response.force_close()
-                return response
+                return _error(str(e), e.http_status, close=isinstance(e, HttpError) and e.close)
             except web.HTTPRequestEntityTooLarge:
                 code = status(ErrorKind.RESOURCE_EXHAUSTED).name
                 return _error(f"request body must be at most {request.app._client_max_size} bytes", 413)
@@ -124,10 +118,8 @@ class LibreTranslate:
     async def _languages(self, params: dict) -> list[dict]:
         targets: dict[str, list[str]] = {}
         for source, target in self._served():
-            if source and target:
-                targets.setdefault(source, [])
-                if target not in targets[source]:
-                    targets[source].append(target)
+            if source and target and target not in targets.setdefault(source, []):
+                targets[source].append(target)
         codes = list(dict.fromkeys([*targets, *(t for ts in targets.values() for t in ts)]))
         return [{"code": c, "name": languages.name(c), "targets": targets.get(c, [])} for c in codes]
 
@@ -144,8 +136,7 @@ class LibreTranslate:
     async def _detect(self, params: dict) -> list[dict]:
         q = _texts(params)[0]
         await language_id.load()
-        text = " ".join(q)
-        guesses = language_id.rank(text, self._sources(""))
+        guesses = language_id.rank(" ".join(q), self._sources(""))
         if not guesses:
             raise LtError(f"q: the text matches none of the served source languages "
                           f"({', '.join(self._sources('')) or 'none'})")
@@ -302,5 +293,8 @@ def _dumps(value: Any) -> str:
     return json.dumps(value, ensure_ascii=False)
 
 
-def _error(message: str, http_status: int) -> web.Response:
-    return web.json_response({"error": message}, status=http_status, dumps=_dumps)
+def _error(message: str, http_status: int, *, close: bool = False) -> web.Response:
+    response = web.json_response({"error": message}, status=http_status, dumps=_dumps)
+    if close:  # the rest of the request cannot be framed
+        response.force_close()
+    return response
