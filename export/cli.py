@@ -135,6 +135,8 @@ def train_parser() -> argparse.ArgumentParser:
     for name in ("emb_size", "enc_hidden_size", "dec_hidden_size", "attn_size", "out_size"):
         p.add_argument(f"--{name.replace('_', '-')}", type=int)
     p.add_argument("--dropout", type=float)
+    p.add_argument("--tie-embeddings", action="store_true", default=None,
+                   help="the output layer's weights are the target embeddings (needs out_size == emb_size)")
     p.add_argument("--attention", choices=KINDS,
                    help=f"how the decoder reads the source (default {DEFAULT_KIND}; none: RNNencdec)")
     return p
@@ -145,7 +147,7 @@ def train_settings(args: argparse.Namespace) -> tuple[dict, object]:
     from export.train import training as train
 
     model_config = {k: getattr(args, k) for k in ("emb_size", "enc_hidden_size", "dec_hidden_size",
-                                                  "attn_size", "out_size", "dropout", "attention")
+                                                  "attn_size", "out_size", "dropout", "attention", "tie_embeddings")
                     if getattr(args, k) is not None}
     config = train.TrainConfig(minutes=args.minutes, max_epochs=args.max_epochs, max_steps=args.max_steps,
                                batch_tokens=args.batch_tokens, lr=args.lr, label_smoothing=args.label_smoothing,

@@ -197,3 +197,25 @@ def test_compare_writes_the_side_by_side_tables_and_figures(tiny_tokenizers: Pat
                     log=lambda *_: None)
     assert again["systems"]["other"]["sets"]["test"]["beam5"]["sentences"] == written["sentences"]["test"]
     assert set(again["heatmaps"][0]["translations"]) == {"bahdanau", "other"}
+
+
+@pytest.mark.parametrize("kind, sizes", [("bahdanau", SIZES), ("luong-general", {**SIZES, "emb_size": 32})])
+def test_tied_embeddings_are_one_parameter_and_export_with_parity(family: Path, tiny_tokenizers: Path,
+                                                                  tmp_path: Path, kind: str, sizes: dict) -> None:
+    """``tie_embeddings``: the output layer's weights are the target embeddings, through a
+    checkpoint's save and load, and the graphs verify as an untied model's do; the manifest
+    says so (untied manifests do not carry the field)."""
+    from export.train.checkpoint import load_checkpoint
+
+    checkpoint = _save_untrained(tiny_tokenizers, tmp_path / "tied.pt", attention=kind, tie_embeddings=True, **sizes)
+    decoder = load_checkpoint(checkpoint).model().decoder
+    assert decoder.output.weight is decoder.embed.weight
+    out = export_repository(checkpoint, tmp_path / "models" / "tied" / "1", name="tied", version="1",
+                            quantize=True, force=True)
+    manifest = load_manifest(out)
+    assert manifest.model_config.tie_embeddings and manifest.raw["model_config"]["tie_embeddings"] is True
+    for precision in ("fp32", "int8"):
+        assert manifest.raw["parity"][precision]["padding_max_abs_diff"] == 0.0
+    assert manifest.raw["parity"]["fp32"]["greedy_identical_share"] >= 0.995
+    untied = load_manifest(family / kind / "1")
+    assert not untied.model_config.tie_embeddings and "tie_embeddings" not in untied.raw["model_config"]

@@ -97,6 +97,13 @@ class Encoder(nn.Module):
         return annotations, keys, state
 
 
+def tie(output: nn.Linear, embed: nn.Embedding, config: ModelConfig) -> None:
+    """With ``tie_embeddings``, the output layer's weights (vocabulary x width) are the target
+    embeddings: one parameter, trained by both uses (Press and Wolf 2017)."""
+    if config.tie_embeddings:
+        output.weight = embed.weight
+
+
 class Attention(nn.Module):
     """Additive attention with precomputed keys, scored with s_{i-1}."""
 
@@ -136,6 +143,7 @@ class Decoder(nn.Module):
         self.pre_output = nn.Linear(config.dec_hidden_size + config.emb_size + config.ctx_size,
                                     2 * config.out_size)
         self.output = nn.Linear(config.out_size, config.tgt_vocab_size)
+        tie(self.output, self.embed, config)
         self.dropout = nn.Dropout(config.dropout)
 
     def step(self, prev_emb: torch.Tensor, state: torch.Tensor, annotations: torch.Tensor,
@@ -173,6 +181,7 @@ class LuongDecoder(nn.Module):
         self.combine = nn.Linear(config.ctx_size + config.dec_hidden_size, config.dec_hidden_size,
                                  bias=False)  # W_c
         self.output = nn.Linear(config.dec_hidden_size, config.tgt_vocab_size)  # W_s
+        tie(self.output, self.embed, config)
         self.dropout = nn.Dropout(config.dropout)
 
     def step(self, prev_emb: torch.Tensor, state: torch.Tensor, annotations: torch.Tensor,

@@ -6,7 +6,9 @@ reads it back from the manifest and takes the graphs' widths from it
 (``ctx_size``, ``state_size``, ``key_size``: ``service.models.attention``'s
 table). The JSON form is ``to_dict``'s: one key per field, as written since the
 first repository; a manifest without ``attention`` predates the kinds and is
-RNNsearch (``bahdanau``).
+RNNsearch (``bahdanau``). ``tie_embeddings`` (the output layer's weights are the
+target embeddings) is written only where it is true, so that configs of untied
+models read and write as before.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ _TRAINED_WITH = SpecialIds()  # the special ids the tokenizers are trained with 
 SIZE_FIELDS = ("src_vocab_size", "tgt_vocab_size", "emb_size", "enc_hidden_size", "dec_hidden_size",
                "attn_size", "out_size")
 ID_FIELDS = ("pad_id", "bos_id", "eos_id")
-OPTIONAL = {"attention"}  # may be absent from a dict: repositories written before the kinds
+OPTIONAL = {"attention": kinds.DEFAULT, "tie_embeddings": False}  # may be absent from a dict: older repositories
 
 
 @dataclass(frozen=True)
@@ -40,6 +42,7 @@ class ModelConfig:
     bos_id: int = _TRAINED_WITH.bos
     eos_id: int = _TRAINED_WITH.eos
     attention: str = kinds.DEFAULT  # one of service.models.attention.KINDS
+    tie_embeddings: bool = False  # the output layer's weight matrix is the target embeddings
 
     def __post_init__(self) -> None:
         check(asdict(self), "ModelConfig")
@@ -74,7 +77,10 @@ class ModelConfig:
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON form (checkpoint ``config``, manifest ``model_config``)."""
-        return asdict(self)
+        values = asdict(self)
+        if not self.tie_embeddings:
+            del values["tie_embeddings"]
+        return values
 
     @classmethod
     def from_dict(cls, raw: Any, *, where: str = "model_config") -> ModelConfig:
@@ -91,7 +97,7 @@ class ModelConfig:
         missing = [n for n in names if n not in raw and n not in OPTIONAL]
         if missing:
             raise ValueError(f"{where}.{missing[0]} is missing")
-        values = {"attention": kinds.DEFAULT, **raw}
+        values = {**OPTIONAL, **raw}
         check(values, where)
         return cls(**values)
 
@@ -102,12 +108,14 @@ def _is_int(value: Any) -> bool:
 
 def check_types(values: Mapping[str, Any], where: str) -> None:
     """Each field given has its type: integers, a number for ``dropout``, a string for
-    ``attention``; else ValueError naming ``where.<field>`` and the value."""
+    ``attention``, a bool for ``tie_embeddings``; else ValueError naming ``where.<field>`` and the value."""
     for name, value in values.items():
         if name in SIZE_FIELDS or name in ID_FIELDS:
             ok, expected = _is_int(value), "an integer"
         elif name == "dropout":
             ok, expected = _is_int(value) or isinstance(value, float), "a number"
+        elif name == "tie_embeddings":
+            ok, expected = isinstance(value, bool), "true or false"
         else:
             ok, expected = isinstance(value, str), "a string"
         if not ok:
@@ -132,3 +140,7 @@ def check(values: Mapping[str, Any], where: str) -> None:
     if values["attention"] == "luong-dot" and values["dec_hidden_size"] != 2 * values["enc_hidden_size"]:
         raise ValueError(f"{where}: attention luong-dot needs dec_hidden_size == 2 x enc_hidden_size "
                          f"(h_t . h_j), got {values['dec_hidden_size']} and {values['enc_hidden_size']}")
+    output = "dec_hidden_size" if values["attention"].startswith("luong") else "out_size"
+    if values["tie_embeddings"] and values[output] != values["emb_size"]:
+        raise ValueError(f"{where}: tie_embeddings needs {output} == emb_size (the output layer's input is "
+                         f"an embedding's width), got {values[output]} and {values['emb_size']}")
