@@ -71,10 +71,10 @@ class HttpError(NmtError):
 
 async def read_body(request: web.Request, read: Callable[[], Awaitable[T]] | None = None) -> T | bytes:
     """The request's body (``read``: another reader of it, ``request.post`` for a form). One
-    that cannot be read (a bad chunk, a corrupt gzip stream) is the
-    client's fault: an ``HttpError`` 400 whose answer closes the connection. The payload is
-    marked finished first: aiohttp would otherwise linger after the answer, reading the rest
-    of a payload that already failed, and log its stored error as an unhandled exception."""
+    that cannot be read (a bad chunk, a corrupt gzip stream) is the client's fault: an
+    ``HttpError`` 400 whose answer closes the connection. The payload is marked finished first:
+    aiohttp would otherwise linger after the answer, reading the rest of a payload that already
+    failed, and log its stored error as an unhandled exception."""
     try:
         return await (read or request.read)()
     except RequestPayloadError as e:
