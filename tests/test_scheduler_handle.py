@@ -72,6 +72,23 @@ def test_the_engine_keeps_stepping_while_the_event_loop_is_busy() -> None:
     assert after == "t3"
 
 
+def test_results_posted_while_the_event_loop_is_busy_arrive_in_one_wake_up_in_order() -> None:
+    engine = FakeEngine(step_seconds=0.001)
+
+    async def body(s: Scheduler) -> tuple[list[int], list[str]]:
+        drained: list[int] = []  # posts taken per wake-up of the event loop
+        run = s._run_posted
+        s._run_posted = lambda: (drained.append(len(s._posted)), run())
+        tasks = [asyncio.create_task(s.translate([prep(n)])) for n in range(1, 41)]
+        await until(lambda: any(name == "step" for name, _ in engine.calls))
+        time.sleep(0.2)  # ~40 steps finish a text each while the loop cannot run
+        results = await asyncio.gather(*tasks)
+        return drained, [r[0].hypotheses[0].text for r in results]
+    (drained, texts), _ = run_with(engine, config(max_rows=64), body)
+    assert texts == [f"t{n}" for n in range(1, 41)]
+    assert max(drained) >= 10 and len(drained) <= 40 - 9  # one self-pipe write for many posts
+
+
 def step_order(engine: FakeEngine, step_level: bool) -> list[str]:
     async def body(s: Scheduler) -> list[str]:
         order: list[str] = []

@@ -78,6 +78,8 @@ class Scheduler:
         manifest = getattr(engine, "manifest", None)
         self._model_label = f"{manifest.name}/{manifest.version}" if manifest is not None else ""
         self._clients_shown: tuple[dict, dict] = ({}, {})
+        self._posted: list[tuple[Callable[..., None], tuple]] = []  # for the event loop, in order
+        self._posted_lock = threading.Lock()
 
     def start(self) -> None:
         self._loop = asyncio.get_running_loop()
@@ -198,11 +200,28 @@ class Scheduler:
                 self._post(self._deliver, outcome)
 
     def _post(self, callback: Callable[..., None], *args: object) -> None:
+        """Hand ``callback(*args)`` to the event loop, in order. One wake-up (a self-pipe write,
+        and a GIL handoff) per batch of posts: while the loop has not yet run the last one, the
+        next posts join it (at saturation most steps finish texts, and the loop runs behind)."""
         assert self._loop is not None
+        with self._posted_lock:
+            self._posted.append((callback, args))
+            if len(self._posted) > 1:
+                return  # a drain is scheduled and has not taken the list yet
         try:
-            self._loop.call_soon_threadsafe(callback, *args)
+            self._loop.call_soon_threadsafe(self._run_posted)
         except RuntimeError:  # the loop closed under a server that never called close()
             self._closing = True
+
+    def _run_posted(self) -> None:
+        with self._posted_lock:
+            posted, self._posted = self._posted, []
+        for callback, args in posted:
+            try:
+                callback(*args)
+            except Exception as e:  # as the loop would for separate callbacks: log, go on
+                assert self._loop is not None
+                self._loop.call_exception_handler({"message": f"error in {callback!r}", "exception": e})
 
     # -- the event loop: text, results, failures, cancels ----------------------------------
 
