@@ -69,7 +69,9 @@ def step_run(engine: Engine, feed: dict, candidates: object) -> Run:
 
 
 def served_step_graph(engine: Engine) -> onnx.ModelProto:
-    """The full step graph in the form this engine serves."""
+    """The full step graph in the form this engine serves (int8 form, packed attention)."""
+    if engine.runtime._step_model is not None:
+        return engine.runtime._step_model
     graph = onnx.load(str(engine.manifest.path(engine.manifest.graphs["int8"].decoder_step)))
     return int8_form.to_s8(graph)[0] if engine.int8_form == "u8s8" else graph
 

@@ -34,11 +34,12 @@ from service.models.checks import check_graphs, check_vocabularies
 from service.models.manifest import Manifest, load_manifest
 from service.models.repository import Settling, VersionDir, Watcher, latest, scan, version_key
 from service.options import DecodingOptions
-from service.process import engine_threads, release_memory
+from service.process import engine_threads, release_memory, shared_pool
 from service.scheduling.scheduler import Scheduler
 
 if TYPE_CHECKING:
     from service.decoding.engine import Engine as OnnxEngine
+    from service.decoding.sessions import global_pools
 
 WARMUP_TEXT = "Hello world"
 WARMUP_SECONDS = 60.0
@@ -61,9 +62,9 @@ class Model:
 
 def make_engine(config: ServeConfig, d: VersionDir, *, models: int = 1) -> Engine:
     """The engine of one model version directory (checksums verified; in a ``<name>/<version>/``
-    directory, the manifest must name that model and version), one of ``models`` served at once
-    (``engine_threads``)."""
+    directory, the manifest must name that model and version), one of ``models`` served at once."""
     from service.decoding.engine import Engine as OnnxEngine
+    from service.decoding.sessions import global_pools
 
     manifest = load_manifest(d.path)
     if d.name and (manifest.name, manifest.version) != (d.name, d.version):
@@ -72,12 +73,13 @@ def make_engine(config: ServeConfig, d: VersionDir, *, models: int = 1) -> Engin
     precision, why = (manifest.default_precision() if config.precision is Precision.AUTO
                       else (config.precision.value, "asked"))
     threads = engine_threads(config, models)
+    shared = shared_pool(config, threads)
     log.info("%s/%s: %s graphs (%s), intra-op threads: %s", manifest.name, manifest.version, precision, why,
-             threads or "ONNX Runtime's default (one per core)")
-    engine = OnnxEngine(manifest, precision=precision, provider=config.provider.value,
-                        intra_op_threads=threads, limits=config.limits,
-                        decoder_spinning=config.decoder_spinning, int8_form=config.int8_form,
-                        shortlist=config.shortlist)
+             "ONNX Runtime's global pool (a thread per core) for the encoder and the step"
+             if shared or global_pools() else threads or "ONNX Runtime's default (one per core)")
+    engine = OnnxEngine(manifest, precision=precision, provider=config.provider.value, intra_op_threads=threads,
+                        limits=config.limits, decoder_spinning=config.decoder_spinning, int8_form=config.int8_form,
+                        shortlist=config.shortlist, shared_pool=shared)
     log.info("%s/%s: int8 form %s (%s); shortlist %s (%s)", manifest.name, manifest.version,
              engine.int8_form or "-", engine.runtime.int8_form_reason, "on" if engine.shortlist else "off",
              engine.shortlist_reason)

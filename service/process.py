@@ -8,11 +8,13 @@ the server runs in, which ONNX Runtime and glibc do not look at by themselves.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import gc
 import math
 import os
 from pathlib import Path
+from typing import Iterator
 
 from service.config import ServeConfig
 
@@ -57,6 +59,31 @@ def engine_threads(config: ServeConfig, models: int) -> int | None:
         return config.threads
     count, limited = cores()
     return None if models <= 1 and not limited else max(1, count // models)
+
+
+_SERVER: list[bool] = []  # [True] while ``nmt serve`` loads its first engines (``global_pools_allowed``)
+
+
+@contextlib.contextmanager
+def global_pools_allowed() -> Iterator[None]:
+    """Around ``nmt serve``'s first engines: they may go on ONNX Runtime's global pools, which are
+    process-wide and cannot be undone (``service.decoding.sessions``); engines embedded elsewhere
+    (tests, benchmarks, an in-process server) keep a pool per session."""
+    _SERVER.append(True)
+    try:
+        yield
+    finally:
+        _SERVER.clear()
+
+
+def shared_pool(config: ServeConfig, threads: int | None) -> bool:
+    """Whether an engine's encoder and decoder step run on ONNX Runtime's global pool (one thread
+    per core, spinning) rather than a pool each: in ``nmt serve``, where the engine has the default
+    threads (one model, no CPU limit, no ``--threads``), spinning on, on the CPU. The encoder's own
+    pool does not spin (it would compete with the step's), so each of its runs wakes its threads;
+    one spinning pool for both: 1.10x texts/s at saturation (``docs/speed-round2.md``). Once one
+    engine is on it, models loaded later are too (ONNX Runtime's rule)."""
+    return bool(_SERVER) and threads is None and config.decoder_spinning and config.provider.value == "cpu"
 
 
 def release_memory() -> None:

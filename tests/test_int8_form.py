@@ -12,7 +12,7 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from service.decoding import int8_form
+from service.decoding import int8_form, packed
 from service.decoding.engine import Engine
 from service.decoding.int8_form import FAST_FLAGS, FormChoice, Int8Form, cpu_flags, decide, to_s8
 
@@ -139,6 +139,7 @@ def test_forced_u8s8_translates_as_u8u8_or_falls_back(reversal_repository: Path)
     forced = Engine(reversal_repository, precision="int8", int8_form=FormChoice.U8S8)
     if forced.int8_form == "u8s8":
         feed = forced.runtime._step_feed()
+        feed = packed.to_packed(feed) if forced.runtime.packed else feed
         for a, b in zip(shipped.runtime.decoder.run(None, feed), forced.runtime.decoder.run(None, feed)):
             np.testing.assert_array_equal(a, b)
     else:

@@ -97,10 +97,15 @@ def test_engines_of_several_models_divide_the_cores_unless_threads_is_set(family
         return [[s.get_session_options().intra_op_num_threads for s in (e.runtime.encoder, e.runtime.decoder)]
                 for e in app.load_engines(config)]
 
+    def pools(config) -> list[list[bool]]:  # use_per_session_threads
+        return [[s.get_session_options().use_per_session_threads for s in (e.runtime.encoder, e.runtime.decoder)]
+                for e in app.load_engines(config)]
+
     monkeypatch.setattr(process, "cores", lambda: (8, False))
     assert threads(config_for(family)) == [[2, 2]] * 4  # 8 cores, 4 models
     assert threads(config_for(family, "--threads", "3")) == [[3, 3]] * 4  # asked: as asked
-    assert threads(config_for(family / "none" / "1")) == [[0, 0]]  # one model: ONNX Runtime's default
+    assert threads(config_for(family / "none" / "1")) == [[0, 0]]  # one model: ONNX Runtime's default ...
+    assert pools(config_for(family / "none" / "1")) == [[True, True]]  # a pool each outside `nmt serve`
     monkeypatch.setattr(process, "cores", lambda: (2, False))
     assert threads(config_for(family)) == [[1, 1]] * 4  # never below one
     monkeypatch.setattr(process, "cores", lambda: (3, True))  # a container limited to 3 cores

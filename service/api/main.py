@@ -16,11 +16,13 @@ from service.api.auth import TlsFiles, TokenFile
 from service.api.server import build, log
 from service.config import ConfigError, ServeConfig, parse
 from service.errors import ModelRepositoryError, ProviderUnavailableError
+from service.process import global_pools_allowed
 
 
 async def serve(config: ServeConfig) -> int:
     """Run until SIGTERM or SIGINT, then drain and return 0."""
-    app = build(config)
+    with global_pools_allowed():  # this process is the server: its engines may share ONNX Runtime's pools
+        app = build(config)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

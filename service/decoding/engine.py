@@ -37,7 +37,8 @@ class Engine:
                  provider: str = "cpu", intra_op_threads: int | None = None,
                  limits: Limits = Limits(), decoder_spinning: bool = True,
                  int8_form: FormChoice = FormChoice.AUTO,
-                 shortlist: ShortlistChoice = ShortlistChoice.OFF) -> None:
+                 shortlist: ShortlistChoice = ShortlistChoice.OFF, packed_attention: bool = True,
+                 shared_pool: bool = False) -> None:
         if precision not in PRECISIONS:
             raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
         if provider not in PROVIDERS:
@@ -53,7 +54,8 @@ class Engine:
         lists = load_shortlist(manifest.path(record["file"]), always=always_ids(self.tokenizer.target)) if use else None
         self.runtime = Runtime(manifest, precision=precision, provider=provider,
                                intra_op_threads=intra_op_threads, decoder_spinning=decoder_spinning,
-                               int8_form=int8_form, shortlist=lists)
+                               int8_form=int8_form, shortlist=lists, packed_attention=packed_attention,
+                               shared_pool=shared_pool)
         self.max_source_tokens = min(limits.max_source_tokens, manifest.max_source_tokens)
 
     def prepare_text(self, text: str, options: DecodingOptions, index: int) -> Prepared:

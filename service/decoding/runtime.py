@@ -18,20 +18,18 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 
-from service.decoding import int8_form
+from service.decoding import int8_form, packed
 from service.decoding.int8_form import FormChoice, Int8Form
 from service.decoding.shortlist import INPUTS as SHORTLIST_TYPES
 from service.decoding.shortlist import Candidates, Shortlist, shortlist_graph
 
+from service.decoding.sessions import (CUDA_DEVICE_ID, CUDA_OPTIONS, PROVIDERS, _check_provider,  # noqa: F401
+                                      _load_session, _session_options, provider_list)
 from service.errors import ModelRepositoryError, ProviderUnavailableError
 from service.models.manifest import (DECODER_INPUTS, DECODER_OUTPUTS, ENCODER_INPUTS, ENCODER_OUTPUTS,
                               Manifest)
 
-PROVIDERS = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider"}
 STEP_OUTPUTS = ["topk_log_probs", "topk_ids", "next_state", "attention"]  # log_probs stays inside
-CUDA_DEVICE_ID = 0
-# device 0 (CUDA_DEVICE_ID) is the default: naming it logs a plugin-EP warning per session (ORT 1.31)
-CUDA_OPTIONS = {"use_tf32": "0"}
 SHORTLIST_INPUTS = {name: axes for name, (_, axes) in SHORTLIST_TYPES.items()}
 KNOWN_ANSWER_ROWS, KNOWN_ANSWER_SRC_LEN = 24, 12  # the fixed batch both int8 forms must agree on
 KNOWN_ANSWER_EOS = 3
@@ -59,62 +57,7 @@ class Context:
     annotations: Any  # (rows, src_len, ctx_size)
     keys: Any  # (rows, src_len, key_size)
     src_mask: Any  # (rows, src_len) bool
-
-
-def _session_options(intra_op_threads: int | None, *, spinning: bool = False) -> ort.SessionOptions:
-    opts = ort.SessionOptions()
-    if intra_op_threads is not None:
-        if intra_op_threads < 1:
-            raise ValueError(f"intra_op_threads must be >= 1, got {intra_op_threads}")
-        opts.intra_op_num_threads = intra_op_threads
-    opts.inter_op_num_threads = 1  # the graphs are sequential chains; one pool is enough
-    opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    opts.log_severity_level = 3  # errors only
-    # Spinning pool threads wait for the next operator without sleeping. The decoder step is a
-    # chain of ~40 small operators run every few milliseconds, so its pool spins by default;
-    # the encoder runs rarely and its spinning pool would compete with the decoder's (measured:
-    # ``loadtest/results/notes.md``).
-    opts.add_session_config_entry("session.intra_op.allow_spinning", "1" if spinning else "0")
-    return opts
-
-
-def provider_list(provider: str) -> list[Any]:
-    """ONNX Runtime's providers for ``provider``: CUDA with the CPU for what it lacks, and TF32
-    off (as CTranslate2 by default): with it, fp32 products on the GPU's tensor cores round
-    inputs to 10 mantissa bits, and 1 greedy translation in 256 differed from the CPU's
-    (``loadtest/results/bench_cuda.md``)."""
-    if provider not in PROVIDERS:
-        raise ValueError(f"provider must be one of {sorted(PROVIDERS)}, got {provider!r}")
-    if provider == "cpu":
-        return [PROVIDERS["cpu"]]
-    return [(PROVIDERS["cuda"], CUDA_OPTIONS), PROVIDERS["cpu"]]
-
-
-def _check_provider(provider: str) -> list[Any]:
-    if provider == "cuda" and PROVIDERS["cuda"] not in ort.get_available_providers():
-        raise ProviderUnavailableError(
-            "provider 'cuda' needs the onnxruntime-gpu package (pip install 'nmt-serve[gpu]'); "
-            f"this onnxruntime offers {ort.get_available_providers()}")
-    return provider_list(provider)
-
-
-def _load_session(path: str, options: ort.SessionOptions, providers: list[Any],
-                  inputs: dict, outputs: dict, *, model: bytes | None = None) -> ort.InferenceSession:
-    """A session whose input and output names are the contract's, or ModelRepositoryError
-    (``model``: the graph of ``path`` as converted in memory)."""
-    try:
-        session = ort.InferenceSession(path if model is None else model, sess_options=options,
-                                       providers=providers)
-    except Exception as e:  # onnxruntime raises several private exception types
-        raise ModelRepositoryError(f"{path}: cannot be loaded by ONNX Runtime ({str(e)[:200]})") from None
-    have_in = {i.name for i in session.get_inputs()}
-    have_out = {o.name for o in session.get_outputs()}
-    if have_in != set(inputs) or not set(outputs) <= have_out:
-        raise ModelRepositoryError(
-            f"{path}: graph inputs {sorted(have_in)} / outputs {sorted(have_out)} do not match "
-            f"the contract {sorted(inputs)} / {sorted(outputs)}")
-    return session
+    packed: dict[str, np.ndarray] | None = None  # the packed attention's indices (``service.decoding.packed``)
 
 
 class Runtime:
@@ -122,7 +65,8 @@ class Runtime:
 
     def __init__(self, manifest: Manifest, *, precision: str, provider: str,
                  intra_op_threads: int | None, decoder_spinning: bool = True,
-                 int8_form: FormChoice = FormChoice.AUTO, shortlist: Shortlist | None = None) -> None:
+                 int8_form: FormChoice = FormChoice.AUTO, shortlist: Shortlist | None = None,
+                 packed_attention: bool = True, shared_pool: bool = False) -> None:
         if precision not in manifest.graphs:
             raise ModelRepositoryError(f"{manifest.root}: no {precision!r} graphs "
                                        f"(the manifest has {sorted(manifest.graphs)})")
@@ -131,11 +75,16 @@ class Runtime:
         self.provider = provider
         paths = (str(manifest.path(graphs.encoder)), str(manifest.path(graphs.decoder_step)))
 
+        # shared_pool: both sessions run on ONNX Runtime's global pool (one thread per core, spinning)
+        # instead of a pool each, where the encoder's could not spin without competing with the decoder's
+        encoder_options = _session_options(intra_op_threads, shared=shared_pool)
+        step_options = _session_options(intra_op_threads, spinning=decoder_spinning, shared=shared_pool)
+
         def load(models: tuple[bytes | None, bytes | None]) -> tuple[ort.InferenceSession, ...]:
-            return (_load_session(paths[0], _session_options(intra_op_threads), providers,
-                                  ENCODER_INPUTS, ENCODER_OUTPUTS, model=models[0]),
-                    _load_session(paths[1], _session_options(intra_op_threads, spinning=decoder_spinning),
-                                  providers, DECODER_INPUTS, DECODER_OUTPUTS, model=models[1]))
+            return (_load_session(paths[0], encoder_options, providers, ENCODER_INPUTS, ENCODER_OUTPUTS,
+                                  model=models[0]),
+                    _load_session(paths[1], step_options, providers, DECODER_INPUTS, DECODER_OUTPUTS,
+                                  model=models[1]))
 
         self.encoder, self.decoder = load((None, None))
         # the int8 products' form (service.decoding.int8_form); CUDA and fp32 run the graphs as shipped
@@ -144,10 +93,12 @@ class Runtime:
         self._step_model: onnx.ModelProto | None = None  # the chosen form's step graph, once loaded
         if precision == "int8" and provider == "cpu":
             self.int8_form, self.int8_form_reason = self._choose_form(paths, load, int8_form)
+        self.packed, self._step_inputs = False, DECODER_INPUTS  # packed attention, and the step's inputs
+        if precision == "int8" and provider == "cpu" and packed_attention:
+            self._pack(paths[1], step_options, providers)
         self.shortlist: Shortlist | None = None
         if shortlist is not None:
-            self._use_shortlist(paths[1], shortlist, options=_session_options(
-                intra_op_threads, spinning=decoder_spinning), providers=providers)
+            self._use_shortlist(paths[1], shortlist, options=step_options, providers=providers)
         if provider == "cuda" and PROVIDERS["cuda"] not in self.decoder.get_providers():
             raise ProviderUnavailableError(
                 "provider 'cuda' requested but ONNX Runtime could not start it "
@@ -179,6 +130,15 @@ class Runtime:
         self._step_model = onnx.ModelProto.FromString(decoder_bytes)
         return form, why
 
+    def _pack(self, path: str, options: ort.SessionOptions, providers: list[Any]) -> None:
+        """The step with packed attention where it reproduces the padded step (``packed.load``)."""
+        inputs = packed.step_inputs(DECODER_INPUTS)
+        found = packed.load(self._step_model if self._step_model is not None else onnx.load(path), lambda model: (
+            _load_session(path, options, providers, inputs, DECODER_OUTPUTS, model=model)),
+            _runner(self.decoder), self._step_feed())
+        if found is not None:
+            (self.decoder, self._step_model), self.packed, self._step_inputs = found, True, inputs
+
     def _use_shortlist(self, path: str, shortlist: Shortlist, *, options: ort.SessionOptions,
                        providers: list[Any]) -> None:
         """The step's two shortlist sessions (gathered, masked; ``service.decoding.shortlist``)
@@ -190,7 +150,7 @@ class Runtime:
         except ValueError as e:
             raise ModelRepositoryError(f"{path}: no shortlist for this graph ({e})") from None
         self._step_sessions = {
-            kind: _load_session(path, options, providers, {**DECODER_INPUTS, **extra}, DECODER_OUTPUTS,
+            kind: _load_session(path, options, providers, {**self._step_inputs, **extra}, DECODER_OUTPUTS,
                                 model=graph.SerializeToString())
             for kind, graph, extra in ((True, gathered, SHORTLIST_INPUTS),
                                        (False, masked, {"row_bias": ["rows", "vocab_size"]}))}
@@ -211,7 +171,8 @@ class Runtime:
     def context(self, annotations: np.ndarray, keys: np.ndarray, src_mask: np.ndarray) -> Context:
         """The step's context for a new row layout (uploaded once on CUDA)."""
         if self.provider == "cpu":
-            return Context(annotations=annotations, keys=keys, src_mask=src_mask)
+            indices = packed.indices(packed.feed_lengths(src_mask), src_mask.shape[1]) if self.packed else None
+            return Context(annotations=annotations, keys=keys, src_mask=src_mask, packed=indices)
         return Context(*(ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(a), "cuda", CUDA_DEVICE_ID)
                          for a in (annotations, keys, src_mask)))
 
@@ -275,8 +236,9 @@ def _runner(session: ort.InferenceSession) -> Callable[[dict], list[np.ndarray]]
 
 
 def _step_feed(prev_tokens: np.ndarray, state: Any, context: Context, k: int) -> dict[str, Any]:
-    return {"prev_tokens": prev_tokens, "state": state, "annotations": context.annotations,
-            "keys": context.keys, "src_mask": context.src_mask, "k": np.array(k, dtype=np.int64)}
+    feed = {"prev_tokens": prev_tokens, "state": state, "annotations": context.annotations,
+            "keys": context.keys, "k": np.array(k, dtype=np.int64)}
+    return {**feed, "src_mask": context.src_mask} if context.packed is None else {**feed, **context.packed}
 
 
 def _rows(state: Any) -> int:
