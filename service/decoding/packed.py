@@ -75,7 +75,10 @@ def pack_attention(step: onnx.ModelProto) -> onnx.ModelProto:
     masked = next((numpy_helper.to_array(t) for t in graph.initializer if t.name == where.input[2]), None)
     if masked is None or masked.size != 1:
         raise ValueError("the masked score is no constant")
-    keys_width = next(i for i in graph.input if i.name == "keys").type.tensor_type.shape.dim[2].dim_value
+    keys = next((i for i in graph.input if i.name == "keys"), None)
+    if keys is None or len(keys.type.tensor_type.shape.dim) != 3:
+        raise ValueError("no graph input 'keys' of (rows, src_len, key_size)")
+    keys_width = keys.type.tensor_type.shape.dim[2].dim_value
 
     def node(op: str, inputs: list[str], name: str, **attrs) -> onnx.NodeProto:
         return helper.make_node(op, inputs, [f"packed/{name}"], name=f"packed/{name}", **attrs)
@@ -110,7 +113,10 @@ def pack_attention(step: onnx.ModelProto) -> onnx.ModelProto:
         kept_inputs = [i for i in graph.input if i.name != "src_mask"]
         del graph.input[:]
         graph.input.extend(kept_inputs)
-    onnx.checker.check_model(model)
+    try:
+        onnx.checker.check_model(model)
+    except onnx.checker.ValidationError as e:  # a node removed here had another reader
+        raise ValueError(f"the rewritten graph does not check: {str(e)[:200]}") from None
     return model
 
 
