@@ -31,6 +31,12 @@ def test_indices_cover_each_rows_run_rounded_to_four_and_mask_the_rest() -> None
                                                        [8, 9, 10, 11, 12, 13, n, n]])
 
 
+def test_runs_are_rounded_as_the_service_rounds_widths() -> None:
+    from service.decoding import layout
+
+    assert packed.MULTIPLE == layout.WIDTH_MULTIPLE  # a copy (layout imports the runtime)
+
+
 def test_a_run_never_passes_the_columns() -> None:
     got = packed.indices(np.array([5, 2]), 5)  # 5 rounds up to 8 > 5 columns: cut to 5
     np.testing.assert_array_equal(got["key_rows"], [0] * 5 + [1] * 4)
