@@ -9,11 +9,12 @@ for texts that join.
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
 
-from service.decoding.runtime import Runtime
+if TYPE_CHECKING:  # runtime imports packed, which imports this module
+    from service.decoding.runtime import Runtime
 
 NO_ROWS = np.zeros(0, dtype=np.int64)
 PAD_COLUMNS = 1  # masked source columns every row gets (see ``width``)

@@ -36,12 +36,12 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from service.decoding.int8_form import known_answer as same_bits
+from service.decoding.layout import WIDTH_MULTIPLE
 from service.errors import ModelRepositoryError
 
 log = logging.getLogger("nmt.packed")
 
 INPUTS = {"key_index": ["packed"], "key_rows": ["packed"], "score_index": ["rows", "src_len"]}
-MULTIPLE = 4  # layout.WIDTH_MULTIPLE (not imported: layout imports the runtime)
 _CHAIN = ("Add", "Tanh", "Reshape", "Gemm", "Reshape", "Where", "Softmax")
 
 
@@ -122,11 +122,11 @@ def pack_attention(step: onnx.ModelProto) -> onnx.ModelProto:
 
 def indices(lengths: np.ndarray, columns: int) -> dict[str, np.ndarray]:
     """The packed graph's index inputs for rows of source ``lengths`` (rows,) padded to
-    ``columns``. Each row's run is its length rounded up to ``MULTIPLE``, or ``columns`` where
+    ``columns``. Each row's run is its length rounded up to ``WIDTH_MULTIPLE``, or ``columns`` where
     that is less (a width the service never uses, ``layout.width``: there, as in the padded
     graph, a row's last bits may depend on the batch)."""
     lengths = np.asarray(lengths, dtype=np.int64)
-    runs = np.minimum(-(-lengths // MULTIPLE) * MULTIPLE, columns)  # each row's packed run
+    runs = np.minimum(-(-lengths // WIDTH_MULTIPLE) * WIDTH_MULTIPLE, columns)  # each row's packed run
     starts = np.concatenate([[0], np.cumsum(runs)])
     packed = int(starts[-1])
     rows = np.repeat(np.arange(len(lengths)), runs)  # (packed,)

@@ -93,7 +93,7 @@ class Runtime:
         self._step_model: onnx.ModelProto | None = None  # the chosen form's step graph, once loaded
         if precision == "int8" and provider == "cpu":
             self.int8_form, self.int8_form_reason = self._choose_form(paths, load, int8_form)
-        self.packed, self._step_inputs = False, DECODER_INPUTS  # packed attention, and the step's inputs
+        self.packed = False  # packed attention (service.decoding.packed)
         if precision == "int8" and provider == "cpu" and packed_attention:
             self._pack(paths[1], step_options, providers)
         self.shortlist: Shortlist | None = None
@@ -133,24 +133,29 @@ class Runtime:
     def _pack(self, path: str, options: ort.SessionOptions, providers: list[Any]) -> None:
         """The step with packed attention where it reproduces the padded step (``packed.load``)."""
         inputs = packed.step_inputs(DECODER_INPUTS)
-        found = packed.load(self._step_model if self._step_model is not None else onnx.load(path), lambda model: (
+        found = packed.load(self._step_graph(path), lambda model: (
             _load_session(path, options, providers, inputs, DECODER_OUTPUTS, model=model)),
             _runner(self.decoder), self._step_feed())
         if found is not None:
-            (self.decoder, self._step_model), self.packed, self._step_inputs = found, True, inputs
+            (self.decoder, self._step_model), self.packed = found, True
+
+    def _step_graph(self, path: str) -> onnx.ModelProto:
+        """The step graph as served so far: converted in memory, or as shipped."""
+        return self._step_model if self._step_model is not None else onnx.load(path)
 
     def _use_shortlist(self, path: str, shortlist: Shortlist, *, options: ort.SessionOptions,
                        providers: list[Any]) -> None:
         """The step's two shortlist sessions (gathered, masked; ``service.decoding.shortlist``)
         from the chosen form's graph; ModelRepositoryError when the graph has no such output layer."""
-        step = self._step_model if self._step_model is not None else onnx.load(path)
+        step = self._step_graph(path)
         try:
             gathered, self.output_layer = shortlist_graph(step)
             masked = shortlist_graph(step, gather=False, layer=False)[0]
         except ValueError as e:
             raise ModelRepositoryError(f"{path}: no shortlist for this graph ({e})") from None
+        inputs = packed.step_inputs(DECODER_INPUTS) if self.packed else DECODER_INPUTS
         self._step_sessions = {
-            kind: _load_session(path, options, providers, {**self._step_inputs, **extra}, DECODER_OUTPUTS,
+            kind: _load_session(path, options, providers, {**inputs, **extra}, DECODER_OUTPUTS,
                                 model=graph.SerializeToString())
             for kind, graph, extra in ((True, gathered, SHORTLIST_INPUTS),
                                        (False, masked, {"row_bias": ["rows", "vocab_size"]}))}
