@@ -43,6 +43,29 @@ every refusal counted. A pending call holds its headers and what HTTP/2 flow con
 its message, as it would once taken; the queue of work stays bounded by --max-queued-work."""
 
 
+class ClientGone(logging.Filter):
+    """gRPC core's traceback for a call whose status could not be sent because the client had
+    closed it (a cancel that landed after the servicer's last message and before core saw the
+    close: grpc.aio logs ``ExecuteBatchError raised in core`` with a traceback when its
+    ``client_closed`` flag is not yet set). The client is gone and nothing was lost, so the record
+    becomes one DEBUG line, as grpc.aio logs a cancel it saw in time. Any other record passes
+    unchanged."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        error = record.exc_info[1] if record.exc_info else None
+        if type(error).__name__ == "ExecuteBatchError" and "SendStatusFromServerOperation" in str(error):
+            record.msg, record.args = "%s (the client closed the call before its status was sent)", (
+                record.getMessage(),)
+            record.levelno, record.levelname = logging.DEBUG, "DEBUG"
+            record.exc_info = record.exc_text = None
+            return logging.getLogger(record.name).isEnabledFor(logging.DEBUG)
+        return True
+
+
+CLIENT_GONE = ClientGone()
+"""Installed on grpc.aio's logger by every ``GrpcServer`` (``addFilter`` keeps one copy)."""
+
+
 def server_options(config: ServeConfig) -> list[tuple[str, int]]:
     """The grpc.aio server's channel arguments."""
     options = [("grpc.max_receive_message_length", config.max_message_bytes),
@@ -64,6 +87,7 @@ class GrpcServer:
         security, self.tls = config.security, tls  # TLS files re-read when they change
         interceptors = [AuthInterceptor(tokens, frontend.metrics)] if tokens else []
         self.server = grpc.aio.server(options=server_options(config), interceptors=interceptors)
+        logging.getLogger("grpc._cython.cygrpc").addFilter(CLIENT_GONE)
         self.health = health_aio.HealthServicer()
         add_translator(TranslatorServicer(frontend), self.server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
