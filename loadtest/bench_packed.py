@@ -1,18 +1,20 @@
 """Packed attention against the padded step, on batches as busy as a saturated server's.
 
     python loadtest/bench_packed.py models/en-fr/4 --texts build/corpus-v2/test.jsonl \
-        [--rows 1 8 32 128] [--draws 5] [--rounds 5] [--threads 2] [--spinning off]
+        [--rows 1 8 32 128] [--draws 5] [--rounds 5] [--threads 2] [--spinning off] [--draw short]
 
 A running batch holds texts for about as many steps as they are long, so a busy
 batch is drawn from the split with each text's chance proportional to its
-source length (``--draws`` batches per row count). Each batch is added to a
+source length (``--draws`` batches per row count); ``--draw short`` instead draws texts of 8 to
+14 words with equal chances (little padding: ``bench_step.py``'s batches). Each batch is added to a
 serving ``Batch`` (real encoder outputs, padded as the service pads them,
 ``layout.width``), then the served step graph (this CPU's int8 form) runs on it
 as shipped (padded, scores every column) and with packed attention
 (``service.decoding.packed``), in separate sessions with the server's options,
 taking turns: ``--rounds`` rounds of 20 runs each, medians. Every draw also
 checks that both give the same bits. ONNX Runtime's profiler (kernel ms by op
-type) on the first draw at the largest row count, each form.
+type) on the first draw at the largest row count, each form. The "served" column is the form the
+runtime serves for that layout (``packed.pays``: packed only up to ``PACKED_SHARE_MAX``).
 
 Writes ``loadtest/results/bench_packed.{md,json}`` with the CPU's flags.
 """
@@ -43,9 +45,16 @@ from service.options import DecodingOptions  # noqa: E402
 RUNS = 20  # step runs per timing
 
 
-def busy_batch(engine: Engine, texts: list[str], lengths: np.ndarray, rows: int, seed: int) -> dict:
-    """A padded step feed of ``rows`` greedy rows drawn with chances proportional to length."""
-    pick = np.random.default_rng(seed).choice(len(texts), size=rows, p=lengths / lengths.sum())
+def busy_batch(engine: Engine, texts: list[str], lengths: np.ndarray, rows: int, seed: int,
+               draw: str = "length") -> dict:
+    """A padded step feed of ``rows`` greedy rows drawn with chances proportional to length
+    (``draw`` "length") or equal chances among texts of 8 to 14 words ("short")."""
+    if draw == "short":
+        words = np.array([len(t.split()) for t in texts])
+        chances = ((words >= 8) & (words <= 14)).astype(float)
+    else:
+        chances = lengths
+    pick = np.random.default_rng(seed).choice(len(texts), size=rows, p=chances / chances.sum())
     return sg.step_feed(engine, [texts[i] for i in pick], beam=1)[0]  # the engine pads (packed off)
 
 
@@ -70,7 +79,7 @@ def measure(args: argparse.Namespace) -> dict:
     for rows in args.rows:
         draws = []
         for seed in range(args.draws):
-            feed = busy_batch(engine, texts, lengths, rows, seed)
+            feed = busy_batch(engine, texts, lengths, rows, seed, args.draw)
             feeds = {"padded": feed, "packed": packed.to_packed(feed)}
             results = {form: sessions[form].run(STEP_OUTPUTS, feeds[form]) for form in sessions}
             same = all(np.array_equal(a, b) for a, b in zip(results["padded"], results["packed"]))
@@ -81,10 +90,11 @@ def measure(args: argparse.Namespace) -> dict:
             mask = feed["src_mask"]
             draws.append({"seed": seed, "columns": int(mask.shape[1]), "real_share": float(mask.mean()),
                           "packed_share": len(feeds["packed"]["key_rows"]) / mask.size, "bit_identical": same,
+                          "served": "packed" if packed.pays(feeds["packed"], mask.size) else "padded",
                           "padded_ms": statistics.median(ms["padded"]), "packed_ms": statistics.median(ms["packed"])})
             print(json.dumps({"rows": rows, **draws[-1]}), flush=True)
         out["rows"][rows] = draws
-    first = busy_batch(engine, texts, lengths, max(args.rows), 0)
+    first = busy_batch(engine, texts, lengths, max(args.rows), 0, args.draw)
     feeds = {"padded": first, "packed": packed.to_packed(first)}
     out["profile"] = {form: sg.profile_ops(graphs[form], feeds[form], threads=args.threads) for form in graphs}
     return out
@@ -93,21 +103,24 @@ def measure(args: argparse.Namespace) -> dict:
 def markdown(r: dict, args: argparse.Namespace) -> str:
     lines = ["# Packed attention against the padded step (busy batches)", "",
              f"`python loadtest/bench_packed.py {args.repository} --texts {args.texts} --rows "
-             f"{' '.join(map(str, args.rows))} --draws {args.draws} --rounds {args.rounds} --spinning {args.spinning}`",
+             f"{' '.join(map(str, args.rows))} --draws {args.draws} --rounds {args.rounds} --spinning {args.spinning} "
+             f"--draw {args.draw}`",
              "",
              f"{platform.machine()}, CPU flags: {', '.join(r['cpu_flags'])}; int8 form **{r['int8_form']}**; "
              f"{r['threads']} thread(s), spinning {args.spinning}; onnxruntime {ort.__version__}. "
-             "Greedy rows drawn with chances "
-             "proportional to source length; ms per step run: medians of rounds of 20 runs, forms taking turns.", "",
+             + ("Greedy rows drawn with chances proportional to source length" if args.draw == "length" else
+                "Greedy rows of texts of 8 to 14 words drawn with equal chances")
+             + "; ms per step run: medians of rounds of 20 runs, forms taking turns. Served: the form the runtime "
+             f"serves for the layout (packed up to {packed.PACKED_SHARE_MAX:.0%} of the positions).", "",
              "| rows | draw | columns | real positions | packed positions | padded ms | packed ms | padded / packed "
-             "| same bits |", "|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+             "| same bits | served |", "|---:|---:|---:|---:|---:|---:|---:|---:|---|---|"]
     for rows, draws in r["rows"].items():
         for d in draws:
             lines.append(f"| {rows} | {d['seed']} | {d['columns']} | {d['real_share']:.0%} | {d['packed_share']:.0%} | "
                          f"{d['padded_ms']:.3f} | {d['packed_ms']:.3f} | {d['padded_ms'] / d['packed_ms']:.2f}x | "
-                         f"{'yes' if d['bit_identical'] else '**no**'} |")
+                         f"{'yes' if d['bit_identical'] else '**no**'} | {d['served']} |")
         ratio = statistics.median(d["padded_ms"] / d["packed_ms"] for d in draws)
-        lines.append(f"| {rows} | median | | | | | | **{ratio:.2f}x** | |")
+        lines.append(f"| {rows} | median | | | | | | **{ratio:.2f}x** | | |")
     lines += ["", f"Profile (kernel ms per op type, first draw at {max(r['rows'])} rows):", "",
               "| op | padded | packed |", "|---|---:|---:|"]
     a, b = r["profile"]["padded"], r["profile"]["packed"]
@@ -129,6 +142,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="the sessions' pools spin between operators (the server's decoder does); off by default: "
                         "two spinning pools in one process take turns badly (at 1 row the same step timed 0.26 "
                         "or 0.43 ms)")
+    p.add_argument("--draw", choices=("length", "short"), default="length",
+                   help="length: chances proportional to source length (busy batches); short: 8-14 words, equal")
     p.add_argument("--out", type=Path, default=ROOT / "loadtest" / "results" / "bench_packed")
     args = p.parse_args(argv)
     result = measure(args)

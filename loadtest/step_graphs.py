@@ -62,15 +62,17 @@ def step_feed(engine: Engine, texts: list[str], *, beam: int) -> tuple[dict, obj
 
 def step_run(engine: Engine, feed: dict, candidates: object) -> Run:
     runtime = engine.runtime
-    session = runtime.decoder if candidates is None else runtime._step_sessions[candidates.gathered]
+    session = runtime.step_session("src_mask" not in feed, candidates)  # as served: packed where it pays
     full = feed if candidates is None else {**feed, **candidates.feed}
     outputs = ["topk_log_probs", "topk_ids", "next_state", "attention"]
     return lambda: session.run(outputs, full)
 
 
-def served_step_graph(engine: Engine) -> onnx.ModelProto:
-    """The full step graph in the form this engine serves (int8 form, packed attention)."""
-    if engine.runtime._step_model is not None:
+def served_step_graph(engine: Engine, feed: dict | None = None) -> onnx.ModelProto:
+    """The full step graph in the form this engine serves (int8 form, packed attention); for a
+    ``feed`` without packed indices (a layout with little padding), the padded step it serves then."""
+    if engine.runtime._step_model is not None and (feed is None or "src_mask" not in feed
+                                                   or not engine.runtime.packed):
         return engine.runtime._step_model
     graph = onnx.load(str(engine.manifest.path(engine.manifest.graphs["int8"].decoder_step)))
     return int8_form.to_s8(graph)[0] if engine.int8_form == "u8s8" else graph

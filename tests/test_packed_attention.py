@@ -128,6 +128,7 @@ def test_the_benchmark_runs_on_a_repository_and_finds_the_same_bits(
     draws = [d for rows in result["rows"].values() for d in rows]
     assert len(draws) == 4 and all(d["bit_identical"] for d in draws)
     assert all(d["packed_share"] <= 1 and d["padded_ms"] > 0 and d["packed_ms"] > 0 for d in draws)
+    assert all(d["served"] == ("packed" if d["packed_share"] <= packed.PACKED_SHARE_MAX else "padded") for d in draws)
     assert "Gather" in result["profile"]["packed"] and "Where" in result["profile"]["padded"]
     assert "| 12 | median |" in out.with_suffix(".md").read_text()
 
@@ -167,3 +168,27 @@ print(json.dumps({{"before": before, "after": after, "inside": inside, "global":
     got = json.loads(out.stdout.strip().splitlines()[-1])
     assert got == {"before": False, "after": False, "inside": [True, False, False], "global": True,
                    "pools": [True, False, False], "same": [True, True]}
+
+
+def test_the_packed_step_serves_only_where_padding_is_skipped(reversal_repository: Path) -> None:
+    """Rows of one length (little padding) take the padded step, mixed lengths the packed one
+    (``packed.PACKED_SHARE_MAX``); a batch that moves between the two keeps its texts' bits."""
+    assert packed.pays(packed.indices(np.array([3, 20, 2, 4]), 24), 4 * 24)  # 32 of 96 positions
+    assert not packed.pays(packed.indices(np.array([8, 8, 7]), 12), 3 * 12)  # 24 of 36
+    engine = Engine(reversal_repository, precision="int8", intra_op_threads=1)
+    padded = Engine(reversal_repository, precision="int8", intra_op_threads=1, packed_attention=False)
+
+    def context(texts: list[str]):
+        batch = engine.new_batch()
+        batch.add([((0, i), engine.prepare_text(t, DecodingOptions(), i)) for i, t in enumerate(texts)])
+        return batch._context.device
+
+    same = context(["1 2 3 4 5 6 7", "7 6 5 4 3 2 1", "1 1 2 2 3 3 4"])
+    assert same.packed is None and engine.runtime.step_session(False) is not engine.runtime.decoder
+    assert context(["1", "2", "9 8 7 6 5 4 3 2 1 0 1 2 3 4 5 6 7 8 9 0 1 2 3"]).packed is not None
+    # the long text outlives the short ones: the batch goes from packed to padded as they leave
+    texts = ["1", "2 3", "9 8 7 6 5 4 3 2 1 0 1 2 3 4 5 6 7 8 9 0 1 2 3", "4 4"]
+    for options in (DecodingOptions(), DecodingOptions(beam_size=3)):
+        a, b = padded.translate(texts, options), engine.translate(texts, options)
+        assert [[(h.text, h.score) for h in x.hypotheses] for x in a] == \
+            [[(h.text, h.score) for h in x.hypotheses] for x in b]

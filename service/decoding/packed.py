@@ -136,6 +136,19 @@ def indices(lengths: np.ndarray, columns: int) -> dict[str, np.ndarray]:
     return {"key_index": rows * columns + within, "key_rows": rows, "score_index": score_index.astype(np.int64)}
 
 
+PACKED_SHARE_MAX = 0.5
+"""Above this share of the rows x columns packed, the padded step serves (same bits): the
+packed step's two gathers (keys and queries) then cost about what the skipped padding saves.
+Measured (``loadtest/bench_packed.py``, 8 to 160 rows, padded / packed): Zen 4, 53-60 % packed
+0.91-1.01x, 33-42 % 1.03-1.11x, 22-38 % 1.06-1.21x; Xeon with AMX, 48-53 % 1.02-1.04x, 60-78 %
+0.97-1.00x (``bench_packed_short_zen4.md``, ``bench_packed_zen4.md``, ``bench_packed_xeon.md``)."""
+
+
+def pays(indices: Mapping[str, np.ndarray], positions: int) -> bool:
+    """Whether the packed step is worth its gathers for a layout of ``positions`` (rows x columns)."""
+    return len(indices["key_rows"]) <= PACKED_SHARE_MAX * positions
+
+
 def feed_lengths(src_mask: np.ndarray) -> np.ndarray:
     """Each row's source length from its mask (rows, src_len) bool: masks are prefixes."""
     return src_mask.sum(axis=1, dtype=np.int64)

@@ -94,6 +94,7 @@ class Runtime:
         if precision == "int8" and provider == "cpu":
             self.int8_form, self.int8_form_reason = self._choose_form(paths, load, int8_form)
         self.packed = False  # packed attention (service.decoding.packed)
+        self._padded: ort.InferenceSession | None = None  # with packed attention: the padded step beside it
         if precision == "int8" and provider == "cpu" and packed_attention:
             self._pack(paths[1], step_options, providers)
         self.shortlist: Shortlist | None = None
@@ -137,6 +138,7 @@ class Runtime:
             _load_session(path, options, providers, inputs, DECODER_OUTPUTS, model=model)),
             _runner(self.decoder), self._step_feed())
         if found is not None:
+            self._padded = self.decoder
             (self.decoder, self._step_model), self.packed = found, True
 
     def _step_graph(self, path: str) -> onnx.ModelProto:
@@ -177,6 +179,8 @@ class Runtime:
         """The step's context for a new row layout (uploaded once on CUDA)."""
         if self.provider == "cpu":
             indices = packed.indices(packed.feed_lengths(src_mask), src_mask.shape[1]) if self.packed else None
+            if indices is not None and self.shortlist is None and not packed.pays(indices, src_mask.size):
+                indices = None  # little padding: the padded step, same bits, without the gathers
             return Context(annotations=annotations, keys=keys, src_mask=src_mask, packed=indices)
         return Context(*(ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(a), "cuda", CUDA_DEVICE_ID)
                          for a in (annotations, keys, src_mask)))
@@ -201,7 +205,7 @@ class Runtime:
              candidates: Candidates | None = None) -> StepOutput:
         """One decoder step on all rows; k = how many top candidates per row; ``candidates``: the
         batch's shortlist (None: the whole vocabulary)."""
-        session = self.decoder if candidates is None else self._step_sessions[candidates.gathered]
+        session = self.step_session(context.packed is not None, candidates)
         extra = {} if candidates is None else candidates.feed
         if self.provider == "cpu":
             topk_lp, topk_ids, next_state, attention = session.run(
@@ -213,8 +217,14 @@ class Runtime:
     def step_outputs(self, prev_tokens: np.ndarray, state: np.ndarray, context: Context, k: int
                      ) -> dict[str, np.ndarray]:
         """Every output of the step graph, ``log_probs`` included (CPU): for verification."""
-        return dict(zip(DECODER_OUTPUTS, self.decoder.run(list(DECODER_OUTPUTS),
-                                                          _step_feed(prev_tokens, state, context, k))))
+        session = self.step_session(context.packed is not None)
+        return dict(zip(DECODER_OUTPUTS, session.run(list(DECODER_OUTPUTS), _step_feed(prev_tokens, state, context, k))))
+
+    def step_session(self, packed_feed: bool, candidates: Candidates | None = None) -> ort.InferenceSession:
+        """The step session for a context with (``packed_feed``) or without packed indices."""
+        if candidates is not None:
+            return self._step_sessions[candidates.gathered]
+        return self._padded if self.packed and not packed_feed else self.decoder
 
     def _step_bound(self, session: ort.InferenceSession, prev_tokens: np.ndarray, state: Any,
                     context: Context, k: int, extra: dict[str, np.ndarray]) -> StepOutput:
