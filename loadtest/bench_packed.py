@@ -90,7 +90,7 @@ def measure(args: argparse.Namespace) -> dict:
             mask = feed["src_mask"]
             draws.append({"seed": seed, "columns": int(mask.shape[1]), "real_share": float(mask.mean()),
                           "packed_share": len(feeds["packed"]["key_rows"]) / mask.size, "bit_identical": same,
-                          "served": "packed" if packed.pays(feeds["packed"], mask.size) else "padded",
+                          "served": "packed" if packed.pays(packed.feed_lengths(mask), mask.shape[1]) else "padded",
                           "padded_ms": statistics.median(ms["padded"]), "packed_ms": statistics.median(ms["packed"])})
             print(json.dumps({"rows": rows, **draws[-1]}), flush=True)
         out["rows"][rows] = draws

@@ -173,8 +173,8 @@ print(json.dumps({{"before": before, "after": after, "inside": inside, "global":
 def test_the_packed_step_serves_only_where_padding_is_skipped(reversal_repository: Path) -> None:
     """Rows of one length (little padding) take the padded step, mixed lengths the packed one
     (``packed.PACKED_SHARE_MAX``); a batch that moves between the two keeps its texts' bits."""
-    assert packed.pays(packed.indices(np.array([3, 20, 2, 4]), 24), 4 * 24)  # 32 of 96 positions
-    assert not packed.pays(packed.indices(np.array([8, 8, 7]), 12), 3 * 12)  # 24 of 36
+    assert packed.pays(np.array([3, 20, 2, 4]), 24)  # runs of 4, 20, 4, 4: 32 of 96 positions
+    assert not packed.pays(np.array([8, 8, 7]), 12)  # 24 of 36
     engine = Engine(reversal_repository, precision="int8", intra_op_threads=1)
     padded = Engine(reversal_repository, precision="int8", intra_op_threads=1, packed_attention=False)
 

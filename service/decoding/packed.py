@@ -126,7 +126,7 @@ def indices(lengths: np.ndarray, columns: int) -> dict[str, np.ndarray]:
     that is less (a width the service never uses, ``layout.width``: there, as in the padded
     graph, a row's last bits may depend on the batch)."""
     lengths = np.asarray(lengths, dtype=np.int64)
-    runs = np.minimum(-(-lengths // WIDTH_MULTIPLE) * WIDTH_MULTIPLE, columns)  # each row's packed run
+    runs = _runs(lengths, columns)
     starts = np.concatenate([[0], np.cumsum(runs)])
     packed = int(starts[-1])
     rows = np.repeat(np.arange(len(lengths)), runs)  # (packed,)
@@ -144,9 +144,16 @@ Measured (``loadtest/bench_packed.py``, 8 to 160 rows, padded / packed): Zen 4, 
 0.97-1.00x (``bench_packed_short_zen4.md``, ``bench_packed_zen4.md``, ``bench_packed_xeon.md``)."""
 
 
-def pays(indices: Mapping[str, np.ndarray], positions: int) -> bool:
-    """Whether the packed step is worth its gathers for a layout of ``positions`` (rows x columns)."""
-    return len(indices["key_rows"]) <= PACKED_SHARE_MAX * positions
+def _runs(lengths: np.ndarray, columns: int) -> np.ndarray:
+    """(rows,) each row's packed run: its length rounded up to ``WIDTH_MULTIPLE``, at most ``columns``."""
+    return np.minimum(-(-lengths // WIDTH_MULTIPLE) * WIDTH_MULTIPLE, columns)
+
+
+def pays(lengths: np.ndarray, columns: int) -> bool:
+    """Whether the packed step is worth its gathers for rows of source ``lengths`` padded to
+    ``columns`` (decided before any index is built)."""
+    lengths = np.asarray(lengths, dtype=np.int64)
+    return int(_runs(lengths, columns).sum()) <= PACKED_SHARE_MAX * len(lengths) * columns
 
 
 def feed_lengths(src_mask: np.ndarray) -> np.ndarray:

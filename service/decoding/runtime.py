@@ -93,7 +93,6 @@ class Runtime:
         self._step_model: onnx.ModelProto | None = None  # the chosen form's step graph, once loaded
         if precision == "int8" and provider == "cpu":
             self.int8_form, self.int8_form_reason = self._choose_form(paths, load, int8_form)
-        self.packed = False  # packed attention (service.decoding.packed)
         self._padded: ort.InferenceSession | None = None  # with packed attention: the padded step beside it
         if precision == "int8" and provider == "cpu" and packed_attention:
             self._pack(paths[1], step_options, providers)
@@ -139,7 +138,12 @@ class Runtime:
             _runner(self.decoder), self._step_feed())
         if found is not None:
             self._padded = self.decoder
-            (self.decoder, self._step_model), self.packed = found, True
+            self.decoder, self._step_model = found
+
+    @property
+    def packed(self) -> bool:
+        """Packed attention (``service.decoding.packed``): ``decoder`` is the packed step."""
+        return self._padded is not None
 
     def _step_graph(self, path: str) -> onnx.ModelProto:
         """The step graph as served so far: converted in memory, or as shipped."""
@@ -178,9 +182,11 @@ class Runtime:
     def context(self, annotations: np.ndarray, keys: np.ndarray, src_mask: np.ndarray) -> Context:
         """The step's context for a new row layout (uploaded once on CUDA)."""
         if self.provider == "cpu":
-            indices = packed.indices(packed.feed_lengths(src_mask), src_mask.shape[1]) if self.packed else None
-            if indices is not None and self.shortlist is None and not packed.pays(indices, src_mask.size):
-                indices = None  # little padding: the padded step, same bits, without the gathers
+            lengths, columns = packed.feed_lengths(src_mask), src_mask.shape[1]
+            # little padding: the padded step (same bits) without the gathers; the shortlist's
+            # sessions take packed indices only
+            use = self.packed and (self.shortlist is not None or packed.pays(lengths, columns))
+            indices = packed.indices(lengths, columns) if use else None
             return Context(annotations=annotations, keys=keys, src_mask=src_mask, packed=indices)
         return Context(*(ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(a), "cuda", CUDA_DEVICE_ID)
                          for a in (annotations, keys, src_mask)))
@@ -224,7 +230,7 @@ class Runtime:
         """The step session for a context with (``packed_feed``) or without packed indices."""
         if candidates is not None:
             return self._step_sessions[candidates.gathered]
-        return self._padded if self.packed and not packed_feed else self.decoder
+        return self._padded if self._padded is not None and not packed_feed else self.decoder
 
     def _step_bound(self, session: ort.InferenceSession, prev_tokens: np.ndarray, state: Any,
                     context: Context, k: int, extra: dict[str, np.ndarray]) -> StepOutput:
