@@ -208,9 +208,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, default=RESULTS / "bench_release")
     args = p.parse_args(argv)
     result = run(args)
-    text = markdown(result, args)
-    args.out.with_suffix(".md").write_text(text)
-    args.out.with_suffix(".json").write_text(json.dumps(result, indent=1) + "\n")
+    return write_results(args.out, result, markdown(result, args))
+
+
+def write_results(out: Path, result: dict, text: str) -> int:
+    """``out``.md (the table) and ``out``.json (the figures); the table printed; 0."""
+    out.with_suffix(".md").write_text(text)
+    out.with_suffix(".json").write_text(json.dumps(result, indent=1) + "\n")
     print(text)
     return 0
 

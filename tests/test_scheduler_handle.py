@@ -6,8 +6,10 @@ The pure state is ``tests/test_scheduler.py``; the stand-ins, ``tests/scheduler_
 from __future__ import annotations
 
 import asyncio
+import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -16,7 +18,7 @@ from service.config import SchedulerConfig
 from service.errors import ErrorKind, NmtError
 from service.interface import Final, Partial, Translation
 from service.metrics import Metrics
-from service.scheduling.scheduler import Scheduler
+from service.scheduling.scheduler import ENGINE_THREAD, Scheduler
 
 
 def run_with(engine: FakeEngine, cfg: SchedulerConfig, body):  # body(scheduler) -> coroutine
@@ -87,6 +89,19 @@ def test_results_posted_while_the_event_loop_is_busy_arrive_in_one_wake_up_in_or
     (drained, texts), _ = run_with(engine, config(max_rows=64), body)
     assert texts == [f"t{n}" for n in range(1, 41)]
     assert max(drained) >= 10 and len(drained) <= 40 - 9  # one self-pipe write for many posts
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="thread names in /proc are Linux's")
+def test_the_engine_thread_is_named_where_top_and_proc_show_threads() -> None:
+    def os_names() -> list[str]:
+        return [(task / "comm").read_text().strip() for task in Path("/proc/self/task").iterdir()]
+
+    async def body(s: Scheduler) -> list[str]:
+        await s.translate([prep(2)])  # the engine thread has run
+        return os_names()
+    assert ENGINE_THREAD not in os_names()
+    names, _ = run_with(FakeEngine(), config(), body)
+    assert names.count(ENGINE_THREAD) == 1
 
 
 def step_order(engine: FakeEngine, step_level: bool) -> list[str]:

@@ -6,20 +6,17 @@ text-generation-inference's ``router/src/queue.rs`` and Ray Serve's ``serve/batc
 - ``SchedulerState`` (``service.scheduling.admission``) decides, as plain synchronous
   code with an injected clock, which queued texts join the running batch and
   which rows leave it. Tested without a model (``tests/test_scheduler.py``).
-- ``Scheduler`` is the handle requests await. ONE engine thread loops: under
-  a lock it asks the state for the next cycle (removals, additions, expired
-  deadlines), runs it and one decoder step, and posts finished texts (and
-  streaming prefixes) to the event loop, which answers the requests. The
-  engine never waits for the event loop between steps, so a busy loop (a
-  burst of requests to tokenize) does not stall decoding; and the event loop
-  never runs model code.
+- ``Scheduler`` is the handle requests await. ONE engine thread loops: under a lock it asks
+  the state for the next cycle (removals, additions, expired deadlines), runs it and one
+  decoder step, and posts finished texts (and streaming prefixes) to the event loop, which
+  answers the requests. The engine never waits for the event loop between steps, so a busy
+  loop (a burst of requests to tokenize) does not stall decoding; and the loop runs no model code.
 
-The unit of a decoder step is a row; a text owns ``beam_size`` rows. Between
-two steps, queued texts join (``DecodeBatch.add``) and finished texts are
-answered at once. Texts queue for at most ``max_wait`` (unless they fill the
-free rows) so that arrivals share one encoder run. With ``step_level=False``
-(request-level batching, the benchmark baseline) a new batch only starts once
-the running one is empty.
+The unit of a decoder step is a row; a text owns ``beam_size`` rows. Between two steps,
+queued texts join (``DecodeBatch.add``) and finished texts are answered at once. Texts queue
+for at most ``max_wait`` (unless they fill the free rows) so that arrivals share one encoder
+run. With ``step_level=False`` (request-level batching, the benchmark baseline) a new batch
+only starts once the running one is empty.
 """
 
 from __future__ import annotations
@@ -36,10 +33,12 @@ from service.config import SchedulerConfig
 from service.errors import ErrorKind, NmtError
 from service.interface import Decoded, Engine, Event, Final, Key, Partial, Prepared, Translation
 from service.metrics import Metrics
+from service.process import name_os_thread
 from service.scheduling.admission import SchedulerState
 from service.scheduling.lanes import Lanes, change, step
 from service.scheduling.client_metrics import ClientGauges
 
+ENGINE_THREAD = "nmt-engine"  # its name in Python and, on Linux, in top -H and /proc
 
 @dataclass
 class _Request:
@@ -83,7 +82,7 @@ class Scheduler:
 
     def start(self) -> None:
         self._loop = asyncio.get_running_loop()
-        self._thread = threading.Thread(target=self._engine_loop, name="nmt-engine", daemon=True)
+        self._thread = threading.Thread(target=self._engine_loop, name=ENGINE_THREAD, daemon=True)
         self._thread.start()
 
     async def close(self) -> None:
@@ -159,6 +158,7 @@ class Scheduler:
         """Decide (under the lock), then remove, add and step, and again: never waits for
         the event loop, which only hears of finished texts, partials and failures."""
         lanes: Lanes | None = None
+        name_os_thread(ENGINE_THREAD)
         while not self._closing:
             with self._lock:
                 self._wake.clear()  # a submit or cancel after this sets it again

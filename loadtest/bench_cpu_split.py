@@ -1,0 +1,171 @@
+"""Where a saturated server's CPU goes: each thread of ``nmt serve``, the clients, the engine's time.
+
+    python loadtest/bench_cpu_split.py --texts build/corpus-v2/test.jsonl \
+        [--model models/en-fr/4] [--clients 128] [--duration 10] [--rounds 3] [--out ...]
+
+``nmt serve`` of this checkout with its defaults (``--model``: a model of this
+checkout instead of the version it serves by default); closed-loop gRPC clients
+(``bench_release.saturate``) at one and then eight texts per call, ``--rounds``
+rounds of ``--duration`` seconds each (after a warm-up). Around every round:
+
+- the CPU time of every thread of the server (``/proc/<pid>/task/*/stat``), grouped:
+  the event loop (the main thread: gRPC, HTTP, tokenizing, answering), the engine
+  thread (``nmt-engine``: ONNX Runtime's calling thread and the batch's Python),
+  the other threads named ``python`` (ONNX Runtime's pool workers, grpc.aio's poller,
+  the metrics server) and gRPC core's own threads; and this process's CPU (the clients);
+- the server's ``/metrics``: decoder steps, rows per step, and the wall time the
+  engine thread spent in decoder steps and in joins (encoder runs and the context
+  they fill); the rest of its wall time is its Python between them and its waits.
+
+Reports medians of the rounds. Linux only (``/proc``). Writes ``--out`` ``.md`` and ``.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import sys
+import time
+import urllib.request
+from collections import Counter
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "loadtest"))
+
+from bench_release import saturate, serve, write_results  # noqa: E402
+from service.decoding.int8_form import FormChoice, cpu_flags, decide, reported_flags  # noqa: E402
+from service.scheduling.scheduler import ENGINE_THREAD  # noqa: E402
+
+SHAPES = (1, 8)
+GROUPS = ("event loop", "engine thread", "other python threads", "gRPC core threads")
+METRICS = ("nmt_decode_duration_seconds_sum", "nmt_decode_duration_seconds_count",
+           "nmt_encode_duration_seconds_sum", "nmt_encode_duration_seconds_count", "nmt_batch_rows_sum")
+TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def cpu_of(stat: str) -> float:
+    """User + system CPU seconds from a ``/proc/.../stat`` line."""
+    fields = stat[stat.rindex(")") + 2:].split()
+    return (int(fields[11]) + int(fields[12])) / TICK
+
+
+def server_threads(pid: int) -> dict[tuple[int, str], float]:
+    """(tid, group) -> CPU seconds so far, for every thread of process ``pid``."""
+    out = {}
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            stat, name = (task / "stat").read_text(), (task / "comm").read_text().strip()
+        except OSError:  # the thread ended meanwhile
+            continue
+        tid = int(task.name)
+        group = ("event loop" if tid == pid else "engine thread" if name == ENGINE_THREAD
+                 else "other python threads" if name.startswith("python") else "gRPC core threads")
+        out[(tid, group)] = cpu_of(stat)
+    return out
+
+
+def metrics(port: int) -> Counter:
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+    out: Counter = Counter()
+    for line in text.splitlines():
+        name = line.split("{", 1)[0].split(" ", 1)[0]
+        if name in METRICS:
+            out[name] += float(line.rsplit(" ", 1)[1])
+    return out
+
+
+def one_round(server, texts: list[str], per_call: int, args: argparse.Namespace, seed: int) -> dict:
+    """One measured round: texts/s, cores per group and per busiest thread, the engine's wall split."""
+    pid = server.proc.pid
+    before, metrics_before = server_threads(pid), metrics(server.metrics_port)
+    client_before, start = cpu_of(Path("/proc/self/stat").read_text()), time.perf_counter()
+    result = asyncio.run(saturate(server.address, texts, per_call=per_call, clients=args.clients,
+                                  duration=args.duration, seed=seed))
+    wall = time.perf_counter() - start
+    after, metrics_after = server_threads(pid), metrics(server.metrics_port)
+    client = cpu_of(Path("/proc/self/stat").read_text()) - client_before
+    used = {key: (after[key] - before.get(key, 0.0)) / wall for key in after}
+    groups = {g: sum(v for (_, group), v in used.items() if group == g) for g in GROUPS}
+    m = {k: metrics_after[k] - metrics_before[k] for k in METRICS}
+    steps, joins = m["nmt_decode_duration_seconds_count"], m["nmt_encode_duration_seconds_count"]
+    return {"texts_per_s": result["texts_per_s"], "client_cores": client / wall, "server_cores": sum(used.values()),
+            "groups": groups, "busiest": sorted(((g, v) for (_, g), v in used.items()), key=lambda x: -x[1])[:4],
+            "steps_per_s": steps / wall, "rows_per_step": m["nmt_batch_rows_sum"] / max(steps, 1),
+            "step_ms": 1e3 * m["nmt_decode_duration_seconds_sum"] / max(steps, 1),
+            "joins_per_s": joins / wall, "join_ms": 1e3 * m["nmt_encode_duration_seconds_sum"] / max(joins, 1),
+            "engine_in_steps": m["nmt_decode_duration_seconds_sum"] / wall,
+            "engine_in_joins": m["nmt_encode_duration_seconds_sum"] / wall}
+
+
+def run(args: argparse.Namespace) -> dict:
+    lines = Path(args.texts).read_text(encoding="utf-8").splitlines()
+    texts = [json.loads(line)["src_raw"] for line in lines if line.strip()][: args.max_texts]
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    server = serve(ROOT, "cpu_split", args.out.parent, args.model)
+    rounds: dict[int, list[dict]] = {n: [] for n in SHAPES}
+    try:
+        for per_call in SHAPES:
+            asyncio.run(saturate(server.address, texts, per_call=per_call, clients=args.clients,
+                                 duration=3, seed=99))  # warm-up: the batch fills, the pool spins
+            for r in range(args.rounds):
+                got = one_round(server, texts, per_call, args, seed=r)
+                rounds[per_call].append(got)
+                print(f"{per_call}/call round {r}: {got['texts_per_s']:.0f} texts/s, server "
+                      f"{got['server_cores']:.2f} cores, clients {got['client_cores']:.2f}", flush=True)
+    finally:
+        server.stop()
+    return {"rounds": rounds, "flags": reported_flags(), "int8_form": decide(FormChoice.AUTO, cpu_flags())[0].value,
+            "cpus": os.cpu_count(), "clients": args.clients, "duration": args.duration,
+            "model": args.model or "(served by default)"}
+
+
+def markdown(r: dict, args: argparse.Namespace) -> str:
+    out = ["# Where a saturated server's CPU goes", "",
+           f"`python loadtest/bench_cpu_split.py --texts {args.texts} --rounds {args.rounds} --duration {args.duration:g} "
+           f"--clients {args.clients}`; model {r['model']}; {r['cpus']} CPUs, CPU flags {', '.join(r['flags']) or 'none'}, "
+           f"int8 form {r['int8_form']}; `nmt serve` defaults. Medians of {args.rounds} rounds. Cores: CPU seconds "
+           "per second of wall time.", "",
+           "| texts per call | texts/s | clients (cores) | server (cores) | " + " | ".join(GROUPS) + " |",
+           "|---:|---:|---:|---:|" + "---:|" * len(GROUPS)]
+    med = {n: {k: statistics.median(x[k] for x in rs) for k in rs[0] if k not in ("groups", "busiest")}
+           for n, rs in r["rounds"].items()}
+    for n, rs in r["rounds"].items():
+        groups = [statistics.median(x["groups"][g] for x in rs) for g in GROUPS]
+        out.append(f"| {n} | {med[n]['texts_per_s']:.0f} | {med[n]['client_cores']:.2f} | {med[n]['server_cores']:.2f} | "
+                   + " | ".join(f"{g:.2f}" for g in groups) + " |")
+    out += ["", "The engine thread's wall time (from the server's `/metrics`):", "",
+            "| texts per call | steps/s | rows per step | step ms | in steps | joins/s | join ms | in joins | rest |",
+            "|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for n, m in med.items():
+        rest = 1 - m["engine_in_steps"] - m["engine_in_joins"]
+        out.append(f"| {n} | {m['steps_per_s']:.0f} | {m['rows_per_step']:.1f} | {m['step_ms']:.2f} | "
+                   f"{m['engine_in_steps']:.0%} | {m['joins_per_s']:.0f} | {m['join_ms']:.2f} | "
+                   f"{m['engine_in_joins']:.0%} | {rest:.0%} |")
+    out += ["", "Busiest threads per round (cores): " + "; ".join(
+        f"{n}/call " + ", ".join(f"{g} {v:.2f}" for g, v in rs[0]["busiest"]) for n, rs in r["rounds"].items())]
+    return "\n".join(out) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--texts", type=Path, required=True, help="test split (jsonl with src_raw)")
+    p.add_argument("--model", help="a model of this checkout (relative to it); default: the version it serves")
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--duration", type=float, default=10.0, help="seconds per round")
+    p.add_argument("--clients", type=int, default=128)
+    p.add_argument("--max-texts", type=int, default=1000)
+    p.add_argument("--out", type=Path, default=ROOT / "loadtest" / "results" / "bench_cpu_split")
+    args = p.parse_args(argv)
+    if not Path("/proc/self/task").is_dir():
+        raise SystemExit("bench_cpu_split needs Linux's /proc")
+    result = run(args)
+    return write_results(args.out, result, markdown(result, args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
