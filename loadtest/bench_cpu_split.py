@@ -25,11 +25,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import os
 import statistics
 import sys
 import time
-import urllib.request
 from collections import Counter
 from pathlib import Path
 
@@ -38,6 +38,8 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "loadtest"))
 
 from bench_release import saturate, serve, write_results  # noqa: E402
+from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
+from service_load import cpu_seconds  # noqa: E402
 from service.decoding.int8_form import FormChoice, cpu_flags, decide, reported_flags  # noqa: E402
 from service.scheduling.scheduler import ENGINE_THREAD  # noqa: E402
 
@@ -45,13 +47,6 @@ SHAPES = (1, 8)
 GROUPS = ("event loop", "engine thread", "other python threads", "gRPC core threads")
 METRICS = ("nmt_decode_duration_seconds_sum", "nmt_decode_duration_seconds_count",
            "nmt_encode_duration_seconds_sum", "nmt_encode_duration_seconds_count", "nmt_batch_rows_sum")
-TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
-
-
-def cpu_of(stat: str) -> float:
-    """User + system CPU seconds from a ``/proc/.../stat`` line."""
-    fields = stat[stat.rindex(")") + 2:].split()
-    return (int(fields[11]) + int(fields[12])) / TICK
 
 
 def server_threads(pid: int) -> dict[tuple[int, str], float]:
@@ -59,36 +54,38 @@ def server_threads(pid: int) -> dict[tuple[int, str], float]:
     out = {}
     for task in Path(f"/proc/{pid}/task").iterdir():
         try:
-            stat, name = (task / "stat").read_text(), (task / "comm").read_text().strip()
+            name = (task / "comm").read_text().strip()
         except OSError:  # the thread ended meanwhile
             continue
         tid = int(task.name)
         group = ("event loop" if tid == pid else "engine thread" if name == ENGINE_THREAD
                  else "other python threads" if name.startswith("python") else "gRPC core threads")
-        out[(tid, group)] = cpu_of(stat)
+        seconds = cpu_seconds(pid, tid)
+        if not math.isnan(seconds):  # the thread was still there
+            out[(tid, group)] = seconds
     return out
 
 
-def metrics(port: int) -> Counter:
-    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+def metrics(server) -> Counter:
+    """The ``METRICS`` samples of the server's /metrics, summed over their labels."""
     out: Counter = Counter()
-    for line in text.splitlines():
-        name = line.split("{", 1)[0].split(" ", 1)[0]
-        if name in METRICS:
-            out[name] += float(line.rsplit(" ", 1)[1])
+    for family in text_string_to_metric_families(server.scrape()):
+        for sample in family.samples:
+            if sample.name in METRICS:
+                out[sample.name] += sample.value
     return out
 
 
 def one_round(server, texts: list[str], per_call: int, args: argparse.Namespace, seed: int) -> dict:
     """One measured round: texts/s, cores per group and per busiest thread, the engine's wall split."""
     pid = server.proc.pid
-    before, metrics_before = server_threads(pid), metrics(server.metrics_port)
-    client_before, start = cpu_of(Path("/proc/self/stat").read_text()), time.perf_counter()
+    before, metrics_before = server_threads(pid), metrics(server)
+    client_before, start = cpu_seconds(os.getpid()), time.perf_counter()
     result = asyncio.run(saturate(server.address, texts, per_call=per_call, clients=args.clients,
                                   duration=args.duration, seed=seed))
     wall = time.perf_counter() - start
-    after, metrics_after = server_threads(pid), metrics(server.metrics_port)
-    client = cpu_of(Path("/proc/self/stat").read_text()) - client_before
+    after, metrics_after = server_threads(pid), metrics(server)
+    client = cpu_seconds(os.getpid()) - client_before
     used = {key: (after[key] - before.get(key, 0.0)) / wall for key in after}
     groups = {g: sum(v for (_, group), v in used.items() if group == g) for g in GROUPS}
     m = {k: metrics_after[k] - metrics_before[k] for k in METRICS}

@@ -30,10 +30,12 @@ def percentiles(latencies: list[float]) -> dict[str, float]:
     return {"p50_ms": q[49] * 1000, "p95_ms": q[94] * 1000, "p99_ms": q[98] * 1000}
 
 
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU seconds of process ``pid`` so far (Linux /proc; NaN elsewhere)."""
+def cpu_seconds(pid: int, tid: int | None = None) -> float:
+    """User + system CPU seconds of process ``pid`` (or of its thread ``tid``) so far (Linux /proc;
+    NaN elsewhere)."""
+    stat = Path(f"/proc/{pid}/stat") if tid is None else Path(f"/proc/{pid}/task/{tid}/stat")
     try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        fields = stat.read_text().rsplit(")", 1)[1].split()
     except OSError:
         return float("nan")
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime

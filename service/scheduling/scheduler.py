@@ -40,6 +40,7 @@ from service.scheduling.client_metrics import ClientGauges
 
 ENGINE_THREAD = "nmt-engine"  # its name in Python and, on Linux, in top -H and /proc
 
+
 @dataclass
 class _Request:
     prepared: Sequence[Prepared]
@@ -290,8 +291,7 @@ class Scheduler:
             self._observe_queue()
         self._wake.set()
 
-    def _observe_queue(self) -> None:
-        """(Holding the lock.)"""
+    def _observe_queue(self) -> None:  # holding the lock
         self._metrics.queue_depth.set(len(self.state.queue))
         self._metrics.inflight_rows.set(self.state.running_rows)
         clients = (dict(self.state.client_rows), dict(self.state.client_work))
