@@ -45,9 +45,11 @@ from service.decoding.int8_form import reported_flags  # noqa: E402
 def engine_loop(repository: Path, texts: list[str], *, rows: int, duration: float) -> dict:
     """The engine thread's loop alone (see the module's docstring): texts/s, steps/s, shares."""
     from service.decoding.engine import Engine
+    from service.models.manifest import load_manifest
     from service.options import DecodingOptions
 
-    engine = Engine(repository, precision="int8", shared_pool=True)  # as nmt serve's default
+    manifest = load_manifest(repository)  # nmt serve's defaults: --precision auto, one pool, spinning
+    engine = Engine(manifest, precision=manifest.default_precision()[0], shared_pool=True)
     prepared = [engine.prepare_text(t, DecodingOptions(), 0) for t in texts]
     source, keys = itertools.cycle(prepared), itertools.count()
 
