@@ -26,6 +26,7 @@ text first, then its length bucket.
 
 from __future__ import annotations
 
+import heapq
 import itertools
 from collections import Counter
 from dataclasses import dataclass
@@ -36,10 +37,10 @@ from service.errors import ErrorKind, NmtError, invalid
 from service.interface import Key, Prepared
 
 BUCKET_TOKENS = 8
+"""Sources whose lengths fall in the same 8-piece bucket are batched together first."""
 BULK_TEXTS_WHILE_SHARED = 2
 """While small requests decode or wait, at most this many bulk texts join per cycle: one long
 encoder run of eight heavy texts would hold up every small request's next step."""
-"""Sources whose lengths fall in the same 8-piece bucket are batched together first."""
 
 
 def overloaded(*, total: int, work: int, limit: int, bound: str = "") -> NmtError:
@@ -64,6 +65,17 @@ class Entry:
     lane: str = "bulk"  # the batch it decodes in (``service.scheduling.lanes``)
 
 
+def client_order(entries: list[Entry]) -> list[Entry]:
+    """A client's queued texts (arrival order) in the order it would add them, reversed (pop()
+    takes the next): its oldest text, then by distance of length bucket to the oldest's, then
+    arrival."""
+    head = entries[0]
+    bucket = len(head.prepared.source_ids) // BUCKET_TOKENS
+    rest = sorted(range(1, len(entries)), key=lambda i: (
+        abs(len(entries[i].prepared.source_ids) // BUCKET_TOKENS - bucket), i))
+    return [entries[i] for i in reversed(rest)] + [head]
+
+
 @dataclass(frozen=True)
 class Cycle:
     """What the next engine cycle does, in this order."""
@@ -85,6 +97,7 @@ class SchedulerState:
         self.work = 0  # estimated rows x steps of queued and running texts
         self.client_rows: Counter[str] = Counter()  # decoder rows of the running texts, by client
         self.client_work: Counter[str] = Counter()  # estimated work of the queued texts, by client
+        self.queued_rows: Counter[str] = Counter()  # decoder rows of the queued texts, by lane
         self.served_at: dict[str, int] = {}  # client -> the admission count when it last got rows
         self._admissions = 0
 
@@ -110,6 +123,7 @@ class SchedulerState:
         small = 0 < sum(p.rows for p in prepared) <= self.config.small_rows
         lane = "small" if small else "bulk"
         self.queue += [Entry((request_id, i), p, now, deadline, stream, client, lane) for i, p in enumerate(prepared)]
+        self.queued_rows[lane] += sum(p.rows for p in prepared)
 
     def refuse_if_full(self, least: int) -> None:
         """RESOURCE_EXHAUSTED before a request is tokenized when even its least work (each of its
@@ -145,6 +159,7 @@ class SchedulerState:
             self._gone(entry.client)
 
     def _unqueue(self, entry: Entry) -> None:
+        self.queued_rows[entry.lane] -= entry.prepared.rows
         self.client_work[entry.client] -= entry.prepared.work
         if self.client_work[entry.client] <= 0:
             del self.client_work[entry.client]
@@ -214,16 +229,17 @@ class SchedulerState:
         for e in self.running.values():
             rows[e.lane] += e.prepared.rows
             longest[e.lane] = max(longest[e.lane], len(e.prepared.source_ids))
-        free = self.config.max_rows - min(rows.get(e.lane, 0) for e in self.queue)
+        lanes = {lane for lane, n in self.queued_rows.items() if n > 0}
+        free = self.config.max_rows - min(rows.get(lane, 0) for lane in lanes)
         if free <= 0 or self._should_wait(now, idle=idle, free_rows=free):
             return []
-        orders, heads = self._client_orders()
-        load = Counter({c: self.client_rows.get(c, 0) for c in orders})
-        chosen: list[Entry] = []
-        closed: set[str] = set()
-        shared = rows["small"] > 0 or any(e.lane == "small" for e in self.queue)
-        bulk_added = 0
-        share = self.config.max_rows / max(1, len(set(orders) | set(self.client_rows)))
+        by_client, heads = self._by_client()
+        orders: dict[str, list[Entry]] = {}  # client_order, made when a cycle first visits the client
+        load = Counter({c: self.client_rows.get(c, 0) for c in heads})
+        chosen, bulk_added = [], 0
+        closed = {lane for lane in lanes if self._full(rows[lane], longest[lane])}  # nothing more joins there
+        shared = rows["small"] > 0 or "small" in lanes
+        share = self.config.max_rows / max(1, len(set(heads) | set(self.client_rows)))
 
         def turn(c: str) -> tuple:
             """Below its share of rows: fewest rows first (the least recently served among equals);
@@ -232,44 +248,44 @@ class SchedulerState:
             if load[c] < share:
                 return (0, load[c], self.served_at.get(c, -1), heads[c].arrived)
             return (1, heads[c].arrived, 0, 0.0)
-        while orders:
-            client = min(orders, key=turn)
+        # whose turn: a heap (a turn changes only when its client is served; ties: the first queued)
+        turns = [(turn(c), i, c) for i, c in enumerate(heads)]
+        heapq.heapify(turns)
+        while turns and not closed >= lanes:
+            _, i, client = heapq.heappop(turns)
+            if client not in orders:
+                orders[client] = client_order(by_client[client])
             e = orders[client].pop()
-            if not orders[client]:
-                del orders[client]
-            if e.lane in closed:
-                continue
             if e.lane == "bulk" and shared and bulk_added >= BULK_TEXTS_WHILE_SHARED:
-                continue  # one short encoder run at a time while small requests wait for steps
-            new_rows, new_longest = rows[e.lane] + e.prepared.rows, max(longest[e.lane], len(e.prepared.source_ids))
-            fits = new_rows <= self.config.max_rows and new_rows * new_longest <= self.config.max_tokens
-            if not fits and not (idle and not chosen):  # the first text of a batch always fits
-                if e is heads[client]:
+                closed.add(e.lane)  # one short encoder run at a time while small requests wait for steps
+            if e.lane not in closed:
+                new_rows, new_longest = rows[e.lane] + e.prepared.rows, max(longest[e.lane], len(e.prepared.source_ids))
+                fits = new_rows <= self.config.max_rows and new_rows * new_longest <= self.config.max_tokens
+                if fits or (idle and not chosen):  # the first text of a batch always fits
+                    chosen.append(e)
+                    bulk_added += e.lane == "bulk"
+                    load[client] += e.prepared.rows
+                    self._admissions += 1
+                    self.served_at[client] = self._admissions
+                    rows[e.lane], longest[e.lane] = new_rows, new_longest
+                    if self._full(new_rows, new_longest):
+                        closed.add(e.lane)
+                elif e is heads[client]:
                     closed.add(e.lane)  # keep the rows for this client's oldest text rather than starve it
-                continue
-            chosen.append(e)
-            bulk_added += e.lane == "bulk"
-            load[client] += e.prepared.rows
-            self._admissions += 1
-            self.served_at[client] = self._admissions
-            rows[e.lane], longest[e.lane] = new_rows, new_longest
+            if orders[client]:
+                heapq.heappush(turns, (turn(client), i, client))
         return chosen
 
-    def _client_orders(self) -> tuple[dict[str, list[Entry]], dict[str, Entry]]:
-        """Each client's queued texts in the order it would add them, reversed (pop() takes the next):
-        its oldest text, then by distance of length bucket to the oldest's, then arrival; and each
-        client's oldest text."""
+    def _full(self, rows: int, longest: int) -> bool:
+        """Whether no text fits a lane of ``rows`` rows padded to ``longest`` (each adds a row)."""
+        return rows >= self.config.max_rows or (rows + 1) * longest > self.config.max_tokens
+
+    def _by_client(self) -> tuple[dict[str, list[Entry]], dict[str, Entry]]:
+        """Each client's queued texts, oldest first; and its oldest."""
         by_client: dict[str, list[Entry]] = {}
         for e in self.queue:
             by_client.setdefault(e.client, []).append(e)
-        orders = {}
-        for client, entries in by_client.items():
-            head = entries[0]
-            bucket = len(head.prepared.source_ids) // BUCKET_TOKENS
-            rest = sorted(range(1, len(entries)), key=lambda i: (
-                abs(len(entries[i].prepared.source_ids) // BUCKET_TOKENS - bucket), i))
-            orders[client] = [entries[i] for i in reversed(rest)] + [head]
-        return orders, {c: entries[0] for c, entries in by_client.items()}
+        return by_client, {c: entries[0] for c, entries in by_client.items()}
 
     def _should_wait(self, now: float, *, idle: bool, free_rows: int) -> bool:
         """Wait up to max_wait for more texts, unless the queued ones fill the free rows.
@@ -280,6 +296,5 @@ class SchedulerState:
         """
         if idle and self.config.step_level:
             return False
-        queued_rows = sum(e.prepared.rows for e in self.queue)
-        return queued_rows < free_rows and now < self.queue[0].arrived + self.config.max_wait
+        return sum(self.queued_rows.values()) < free_rows and now < self.queue[0].arrived + self.config.max_wait
 
