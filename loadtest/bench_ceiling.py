@@ -14,7 +14,7 @@ In alternating rounds, one at a time on this machine:
   before the clock starts; no gRPC, no event loop, no scheduler, no rendering;
 - **this service** (and the ``--previous`` checkout's, with its own defaults and model):
   ``nmt serve`` saturated by ``--clients`` closed-loop gRPC clients, one and then eight texts
-  per call (``bench_release.saturate``).
+  per call (``bench_release.each_shape``, as ``bench_release.py`` measures a release).
 
 Reported: medians of the rounds, and the ratios. The engine alone bounds what any serving layer
 around this engine can reach on this machine: a service target above it needs a faster engine.
@@ -24,7 +24,6 @@ Writes ``--out`` ``.md`` and ``.json``.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import itertools
 import json
 import os
@@ -38,7 +37,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "loadtest"))
 
-from bench_release import SHAPES, saturate, serve, served_version, write_results  # noqa: E402
+from bench_release import SHAPES, each_shape, serve, served_version, write_results  # noqa: E402
 from service.decoding.int8_form import reported_flags  # noqa: E402
 
 
@@ -83,8 +82,7 @@ def engine_round(repository: Path, texts: Path, *, rows: int, duration: float, m
     """``engine_loop`` in a process of its own (ONNX Runtime's global pool is per process)."""
     out = subprocess.run([sys.executable, __file__, "--engine-loop", str(repository), "--texts", str(texts),
                           "--rows", str(rows), "--duration", str(duration), "--max-texts", str(max_texts)],
-                         check=True, capture_output=True, text=True, cwd=ROOT,
-                         env={**os.environ, "PYTHONPATH": str(ROOT)})
+                         check=True, capture_output=True, text=True, cwd=ROOT)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
@@ -100,12 +98,9 @@ def run(args: argparse.Namespace, texts: list[str]) -> dict:
         for name, tree in trees.items():
             server = serve(tree, f"ceiling_{name}", args.out.parent, args.model if name == "this" else None)
             try:
-                for n in SHAPES:
-                    asyncio.run(saturate(server.address, texts, per_call=n, clients=args.clients, duration=2, seed=99))
-                    got = asyncio.run(saturate(server.address, texts, per_call=n, clients=args.clients,
-                                               duration=args.duration, seed=r))
+                for n, got in each_shape(server.address, texts, clients=args.clients, duration=args.duration,
+                                         seed=r, label=f"round {r} {name} service"):
                     rounds[f"{name} service"][n].append(got)
-                    print(f"round {r} {name} service {n}/call: {got['texts_per_s']:.0f} texts/s", flush=True)
             finally:
                 server.stop()
     return {"rounds": rounds, "flags": reported_flags(), "cpus": os.cpu_count(), "rows": args.rows,

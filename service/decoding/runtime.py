@@ -224,7 +224,8 @@ class Runtime:
                      ) -> dict[str, np.ndarray]:
         """Every output of the step graph, ``log_probs`` included (CPU): for verification."""
         session = self.step_session(context.packed is not None)
-        return dict(zip(DECODER_OUTPUTS, session.run(list(DECODER_OUTPUTS), _step_feed(prev_tokens, state, context, k))))
+        outputs = session.run(list(DECODER_OUTPUTS), _step_feed(prev_tokens, state, context, k))
+        return dict(zip(DECODER_OUTPUTS, outputs))
 
     def step_session(self, packed_feed: bool, candidates: Candidates | None = None) -> ort.InferenceSession:
         """The step session for a context with (``packed_feed``) or without packed indices."""
