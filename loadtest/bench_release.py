@@ -25,10 +25,12 @@ import json
 import os
 import platform
 import random
+import shlex
 import statistics
 import sys
 import time
 from pathlib import Path
+from typing import Callable
 
 import grpc
 import numpy as np
@@ -39,6 +41,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))  # the server harness the tests use
 
 from harness import ServerProcess, served_version  # noqa: E402
+from service_load import cpu_seconds  # noqa: E402
 from service.decoding.int8_form import FormChoice, Int8Form, cpu_flags, decide, reported_flags  # noqa: E402
 from service.proto.nmt.v1 import translation_pb2 as pb  # noqa: E402
 from service.proto.nmt.v1 import translation_pb2_grpc as pb_grpc  # noqa: E402
@@ -49,8 +52,9 @@ RESULTS = ROOT / "loadtest" / "results"
 
 
 async def saturate(address: str, texts: list[str], *, per_call: int, clients: int, duration: float,
-                   seed: int) -> dict:
-    """Closed loop: texts/s, target tokens/s, source tokens and target tokens answered."""
+                   seed: int, cpu: Callable[[], float] | None = None) -> dict:
+    """Closed loop: texts/s, target tokens/s, source tokens and target tokens answered; with ``cpu``
+    (the server's CPU seconds so far), also the cores it used."""
     done = tokens = sources = errors = 0
     async with grpc.aio.insecure_channel(address) as channel:
         stub = pb_grpc.TranslatorStub(channel)
@@ -70,23 +74,42 @@ async def saturate(address: str, texts: list[str], *, per_call: int, clients: in
                 done += len(batch)
                 tokens += sum(len(t.hypotheses[0].tokens) for t in reply.translations)
                 sources += sum(len(t.source_tokens) + 1 for t in reply.translations)
-        start = time.perf_counter()
+        start, cpu_start = time.perf_counter(), cpu() if cpu else float("nan")
         await asyncio.gather(*(client(k) for k in range(clients)))
         seconds = time.perf_counter() - start
+        cores = ((cpu() - cpu_start) / seconds) if cpu else float("nan")
     return {"texts_per_s": done / seconds, "tokens_per_s": tokens / seconds, "errors": errors,
-            "texts": done, "target_tokens": tokens, "source_tokens": sources, "seconds": seconds}
+            "texts": done, "target_tokens": tokens, "source_tokens": sources, "seconds": seconds, "cores": cores}
+
+
+def tree_cpu_seconds(pid: int) -> float:
+    """CPU seconds of process ``pid`` and its live descendants (an engine process included)."""
+    parents = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            parents[int(stat.parent.name)] = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+    tree, grown = {pid}, True
+    while grown:
+        more = {p for p, parent in parents.items() if parent in tree} - tree
+        tree, grown = tree | more, bool(more)
+    return sum(cpu_seconds(p) for p in tree)
 
 
 def each_shape(address: str, texts: list[str], *, clients: int, duration: float, seed: int,
-               label: str) -> list[tuple[int, dict]]:
-    """``saturate`` at each number of texts per call (``SHAPES``), one after the other, printed."""
+               label: str, pid: int | None = None) -> list[tuple[int, dict]]:
+    """``saturate`` at each number of texts per call (``SHAPES``), one after the other, printed;
+    with ``pid`` (the server's), the cores its process tree used."""
     results = []
+    cpu = (lambda: tree_cpu_seconds(pid)) if pid else None
     for per_call in SHAPES:
         result = asyncio.run(saturate(address, texts, per_call=per_call, clients=clients, duration=duration,
-                                      seed=seed))
+                                      seed=seed, cpu=cpu))
         results.append((per_call, result))
         print(f"{label} {per_call}/call: {result['texts_per_s']:.0f} texts/s, "
-              f"{result['tokens_per_s']:.0f} tokens/s, {result['errors']} errors", flush=True)
+              f"{result['tokens_per_s']:.0f} tokens/s, {result['cores']:.2f} cores, {result['errors']} errors",
+              flush=True)
     return results
 
 
@@ -131,13 +154,13 @@ def int8_product_rate(rows: int = 160, inner: int = 1280, outer: int = 1536, thr
     return 2.0 * rows * inner * outer / statistics.median(times)
 
 
-def serve(tree: Path, name: str, log_dir: Path, model: str | None) -> ServerProcess:
-    """``nmt serve`` of the checkout ``tree`` with its defaults and its shipped model ``model``
-    (None: the version that checkout serves by default)."""
+def serve(tree: Path, name: str, log_dir: Path, model: str | None, flags: str = "") -> ServerProcess:
+    """``nmt serve`` of the checkout ``tree`` with its defaults (plus ``flags``) and its shipped model
+    ``model`` (None: the version that checkout serves by default)."""
     env = {"PYTHONPATH": str(tree)}
     repository = tree / model if model else served_version(tree)
-    return ServerProcess(repository, log_dir / f"bench_release_{name}_server.log", env=env, cwd=tree,
-                         startup_timeout=300)
+    return ServerProcess(repository, log_dir / f"bench_release_{name}_server.log", *shlex.split(flags), env=env,
+                         cwd=tree, startup_timeout=300)
 
 
 def run(args: argparse.Namespace) -> dict:
@@ -149,10 +172,10 @@ def run(args: argparse.Namespace) -> dict:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     for r in range(args.rounds):
         for name, tree in trees.items():
-            server = serve(tree, name, args.out.parent, args.model)
+            server = serve(tree, name, args.out.parent, args.model, getattr(args, f"{name}_flags"))
             try:
-                for per_call, result in each_shape(server.address, texts, clients=args.clients,
-                                                   duration=args.duration, seed=r, label=f"round {r} {name}"):
+                for per_call, result in each_shape(server.address, texts, clients=args.clients, duration=args.duration,
+                                                   seed=r, label=f"round {r} {name}", pid=server.proc.pid):
                     rounds[name][per_call].append(result)
             finally:
                 server.stop()
@@ -167,19 +190,27 @@ def run(args: argparse.Namespace) -> dict:
 
 
 def markdown(r: dict, args: argparse.Namespace) -> str:
-    med = {name: {n: {k: statistics.median(x[k] for x in rs) for k in ("texts_per_s", "tokens_per_s")}
+    med = {name: {n: {k: statistics.median(x.get(k, float("nan")) for x in rs)
+                      for k in ("texts_per_s", "tokens_per_s", "cores")}
                   for n, rs in shapes.items()} for name, shapes in r["rounds"].items()}
-    out = ["# This release against the previous one (saturated, default settings)", "",
-           f"`python loadtest/bench_release.py --previous {args.previous} --texts {args.texts} --rounds {args.rounds} "
-           f"--duration {args.duration:g} --clients {args.clients}`; {r['cpu']}, CPU flags "
+    flags = "".join(f" --{name}-flags {shlex.quote(getattr(args, f'{name}_flags'))}"
+                    for name in ("previous", "this") if getattr(args, f"{name}_flags"))
+    flags += f" --out {args.out}" if args.out != RESULTS / "bench_release" else ""
+    settings = "flags as named" if flags else "default settings"
+    out = [f"# This release against the previous one (saturated, {settings})", "",
+           f"`python loadtest/bench_release.py --previous {args.previous}{flags} --texts {args.texts} "
+           f"--rounds {args.rounds} --duration {args.duration:g} --clients {args.clients}`; {r['cpu']}, CPU flags "
            f"{', '.join(r['flags']) or 'none'}; onnxruntime {r['onnxruntime']}. "
-           "Alternating rounds, medians; each release with its own defaults and shipped model.", "",
-           "| texts per call | previous texts/s | this texts/s | ratio | previous tokens/s | this tokens/s | ratio |",
-           "|---:|---:|---:|---:|---:|---:|---:|"]
+           "Alternating rounds, medians; each release with its own defaults (plus the flags named) and shipped "
+           "model. Cores: CPU seconds of the server's processes (an engine process included) per second.", "",
+           "| texts per call | previous texts/s | this texts/s | ratio | previous tokens/s | this tokens/s | ratio "
+           "| previous cores | this cores |",
+           "|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for n in SHAPES:
         p, t = med["previous"][n], med["this"][n]
         out.append(f"| {n} | {p['texts_per_s']:.0f} | {t['texts_per_s']:.0f} | {t['texts_per_s'] / p['texts_per_s']:.2f}x "
-                   f"| {p['tokens_per_s']:.0f} | {t['tokens_per_s']:.0f} | {t['tokens_per_s'] / p['tokens_per_s']:.2f}x |")
+                   f"| {p['tokens_per_s']:.0f} | {t['tokens_per_s']:.0f} | {t['tokens_per_s'] / p['tokens_per_s']:.2f}x "
+                   f"| {p['cores']:.2f} | {t['cores']:.2f} |")
     out += ["", "Per round (texts/s): " + "; ".join(
         f"{name} {n}/call " + ", ".join(f"{x['texts_per_s']:.0f}" for x in rs)
         for name, shapes in r["rounds"].items() for n, rs in shapes.items())]
@@ -204,6 +235,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--duration", type=float, default=10.0, help="seconds per measurement")
     p.add_argument("--clients", type=int, default=128)
     p.add_argument("--max-texts", type=int, default=1000)
+    p.add_argument("--previous-flags", default="", help="more `nmt serve` flags for the previous release")
+    p.add_argument("--this-flags", default="", help="more `nmt serve` flags for this release (--engine-process on)")
     p.add_argument("--model", help="the model each checkout serves (relative to it); default: its own served version")
     p.add_argument("--out", type=Path, default=RESULTS / "bench_release")
     args = p.parse_args(argv)

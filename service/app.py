@@ -35,7 +35,7 @@ from service.models.manifest import Manifest, load_manifest
 from service.models.repository import Settling, VersionDir, Watcher, latest, scan, version_key
 from service.options import DecodingOptions
 from service.process import engine_threads, release_memory, shared_pool
-from service.scheduling.scheduler import Scheduler
+from service.scheduling.remote import Scheduler, scheduler_for
 
 if TYPE_CHECKING:
     from service.decoding.engine import Engine as OnnxEngine
@@ -127,7 +127,7 @@ class ServedModels:
         self._draining: set[asyncio.Task] = set()
         self._lock = asyncio.Lock()  # one rescan at a time
         for e in engines:
-            m = Model(e.manifest, e, Scheduler(e, config.scheduler, metrics=metrics))
+            m = Model(e.manifest, e, scheduler_for(e, config, metrics))
             self._loaded[m.ref] = m
         names = sorted({m.manifest.name for m in self._loaded.values()})
         if config.default_model and config.default_model not in names:
@@ -231,7 +231,7 @@ class ServedModels:
             models = 1 + sum(1 for m in self._loaded.values()
                              if not (self.config.model_versions is ModelVersions.LATEST and m.manifest.name == d.name))
             engine = await asyncio.to_thread(make_engine, self.config, d, models=models)
-            model = Model(engine.manifest, engine, Scheduler(engine, self.config.scheduler, metrics=self.metrics))
+            model = Model(engine.manifest, engine, scheduler_for(engine, self.config, self.metrics))
             model.scheduler.start()
             await asyncio.wait_for(self._warm(model), WARMUP_SECONDS)
             if not d.path.is_dir():

@@ -29,8 +29,7 @@ def _served_en_fr(models: Path = REPO_ROOT / "models" / "en-fr") -> Path:
     return models / str(max(versions, default=1))
 
 
-DEFAULT_MODEL_REPOSITORY = _served_en_fr()
-MAX_PORT = 65535
+DEFAULT_MODEL_REPOSITORY, MAX_PORT = _served_en_fr(), 65535
 
 
 @dataclass(frozen=True)
@@ -98,6 +97,7 @@ class ServeConfig:
     shortlist: Shortlist = Shortlist.OFF  # project each step onto the texts' candidate pieces
     trust_client_id: bool = False  # fairness: the x-client-id header names the client (else token / peer)
     fairness: bool = True  # rows shared between clients (off: one arrival-ordered queue)
+    engine_process: bool = False  # batches decode in a child process per model (service.scheduling.remote)
 
 
 SMALL_REQUEST_ROWS = 8
@@ -149,12 +149,10 @@ def _choice(kind: type[enum.StrEnum]) -> Callable[[str], enum.StrEnum]:
     return convert
 
 
-def _text(text: str) -> str:
-    return text
+_text = str  # the text as given
 
 
-_DEFAULTS = SchedulerConfig()
-_LIMITS = Limits()
+_DEFAULTS, _LIMITS = SchedulerConfig(), Limits()
 
 # (flag, converter, default, help); the variable is NMT_ + the flag in upper case.
 FLAGS: list[tuple[str, Callable[[str], object], object, str]] = [
@@ -171,8 +169,7 @@ FLAGS: list[tuple[str, Callable[[str], object], object, str]] = [
     ("--precision", _choice(Precision), Precision.AUTO,
      "graph precision; auto: int8 where the model's manifest shows it within 0.3 BLEU of fp32"),
     ("--provider", _choice(Provider), Provider.CPU, "ONNX Runtime execution provider"),
-    ("--threads", _int_at_least(0), 0, "ONNX Runtime intra-op threads per model's engine (0 = the "
-     "cores for one model, divided among several)"),
+    ("--threads", _int_at_least(0), 0, "ONNX Runtime intra-op threads per engine (0: the cores, divided among models)"),
     ("--int8-form", _choice(Int8Form), Int8Form.AUTO,
      "int8 products: auto (u8s8 where the CPU has VNNI or AMX, checked against u8u8 at load), u8s8, u8u8"),
     ("--shortlist", _choice(Shortlist), Shortlist.OFF,
@@ -180,12 +177,14 @@ FLAGS: list[tuple[str, Callable[[str], object], object, str]] = [
      "faster steps for a few texts, slower at saturation (docs/speed.md)"),
     ("--decoder-spinning", _choice(Switch), Switch.ON,
      "decoder-step pool threads spin between operators (faster steps; off frees CPU between steps)"),
+    ("--engine-process", _choice(Switch), Switch.OFF, "on: each model's batches decode in a process of its "
+     "own (no GIL shared with gRPC; with --threads 0, a core is left to the server process; docs/serving.md)"),
     ("--max-rows", _int_at_least(1), _DEFAULTS.max_rows, "decoder rows per step"),
     ("--max-tokens", _int_at_least(1), _DEFAULTS.max_tokens,
      "rows x padded source length of the running batch"),
-    ("--max-wait-ms", _seconds, _DEFAULTS.max_wait * 1000, "how long texts that arrive while a batch decodes wait for others to share their encoder run "
-     "(an idle batch starts at once under step-level batching; request-level: how long a new batch "
-     "waits to fill)"),
+    ("--max-wait-ms", _seconds, _DEFAULTS.max_wait * 1000, "how long texts that arrive while a batch decodes wait "
+     "for others to share their encoder run (an idle batch starts at once under step-level batching; "
+     "request-level: how long a new batch waits to fill)"),
     ("--max-queued-work", _int_at_least(1), _DEFAULTS.max_queued_work,
      "estimated rows x steps queued or decoding; above it RESOURCE_EXHAUSTED"),
     ("--fairness", _choice(Switch), Switch.ON,
@@ -278,7 +277,8 @@ def parse(argv: list[str], env: Mapping[str, str] | None = None) -> ServeConfig:
         security=security(args), http_port=args.http_port,
         http_limits=HttpLimits(header_timeout=args.http_header_timeout, idle_timeout=args.http_idle_timeout,
                                max_connections=args.http_max_connections),
-        trust_client_id=args.trust_client_id is Switch.ON, fairness=args.fairness is Switch.ON)
+        trust_client_id=args.trust_client_id is Switch.ON, fairness=args.fairness is Switch.ON,
+        engine_process=args.engine_process is Switch.ON)
 
 
 def _path(text: str) -> Path | None:

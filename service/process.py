@@ -55,10 +55,13 @@ def engine_threads(config: ServeConfig, models: int) -> int | None:
     divided among the models, at least one each, and for one model without a CPU limit ONNX
     Runtime's own default (a thread per physical core). Measured
     (``loadtest/results/two_models.md``): two engines of 2 spinning threads on 2 cores serve 0.61x
-    of one model alone, of 1 thread each 1.19x."""
+    of one model alone, of 1 thread each 1.19x. With ``--engine-process on`` the server process
+    (gRPC, tokenizing, answering) keeps a core: the others are divided (at least one each)."""
     if config.threads:
         return config.threads
     count, limited = cores()
+    if config.engine_process:
+        return max(1, (count - 1) // models)
     return None if models <= 1 and not limited else max(1, count // models)
 
 

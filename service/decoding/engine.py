@@ -57,6 +57,11 @@ class Engine:
                                int8_form=int8_form, shortlist=lists, packed_attention=packed_attention,
                                shared_pool=shared_pool)
         self.max_source_tokens = min(limits.max_source_tokens, manifest.max_source_tokens)
+        self.construction = dict(precision=precision, provider=provider, intra_op_threads=intra_op_threads,
+                                 limits=limits, decoder_spinning=decoder_spinning, int8_form=int8_form,
+                                 shortlist=shortlist, packed_attention=packed_attention, shared_pool=shared_pool)
+        """How it was made: another process builds the same engine from this and the manifest's root
+        (``service.scheduling.remote``)."""
 
     def prepare_text(self, text: str, options: DecodingOptions, index: int) -> Prepared:
         """Tokenize one text of a validated request, with placeholder protection.

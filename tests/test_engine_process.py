@@ -1,0 +1,145 @@
+"""``nmt serve --engine-process on``: each model's batches decode in a child process
+(``service.scheduling.remote``). The answers are the engine alone's (greedy, beam, n-best,
+streaming), the child's metrics reach the server's /metrics, a killed child fails only what
+it held (UNAVAILABLE) and is started again, and stopping the server leaves no child behind.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+
+import grpc
+import pytest
+
+from harness import LONG_DIGITS, ServerThread, config_for, wait_until
+from service.config import parse
+from service.decoding.engine import Engine
+from service.options import DecodingOptions
+from service.process import engine_threads
+from service.proto.nmt.v1 import translation_pb2 as pb
+from service.scheduling.remote import ProcessScheduler, scheduler_for
+from service.scheduling.scheduler import Scheduler
+
+
+def best(engine: Engine, texts: list[str], **options: object) -> list[str]:
+    return [t.hypotheses[0].text for t in engine.translate(texts, DecodingOptions(**options))]
+
+
+@pytest.fixture(scope="module")
+def process_server(reversal_repository):
+    with ServerThread(config_for(reversal_repository, "--max-texts", "64", "--engine-process", "on")) as s:
+        yield s
+
+
+def child_of(server: ServerThread) -> ProcessScheduler:
+    """The served model's scheduler (a ``ProcessScheduler`` with its child)."""
+    (model,) = server.app.models.all
+    assert isinstance(model.scheduler, ProcessScheduler)
+    return model.scheduler
+
+
+def test_the_flag_and_the_thread_rule() -> None:
+    assert parse(["--engine-process", "on"], env={}).engine_process
+    assert parse([], env={"NMT_ENGINE_PROCESS": "on"}).engine_process
+    assert not parse([], env={}).engine_process
+    config = parse(["--engine-process", "on"], env={})
+    count = len(os.sched_getaffinity(0))
+    assert engine_threads(config, 1) == max(1, count - 1)  # a core left to the server process
+    assert engine_threads(config, 4) == max(1, (count - 1) // 4)
+    assert engine_threads(parse(["--engine-process", "on", "--threads", "3"], env={}), 2) == 3
+
+
+def test_only_a_loaded_onnx_engine_goes_to_a_process(reversal_repository, reversal_engine) -> None:
+    from service.metrics import Metrics
+
+    on, off = parse(["--engine-process", "on"], env={}), parse([], env={})
+    assert type(scheduler_for(reversal_engine, on, Metrics())) is ProcessScheduler
+    assert type(scheduler_for(reversal_engine, off, Metrics())) is Scheduler
+
+    class Wrapper:  # a caller's own engine: the child could not build it
+        def __getattr__(self, name):
+            return getattr(reversal_engine, name)
+    assert type(scheduler_for(Wrapper(), on, Metrics())) is Scheduler
+
+
+def test_answers_are_the_engine_alones(process_server: ServerThread, reversal_engine: Engine) -> None:
+    child = child_of(process_server).process
+    assert child is not None and child.is_alive() and child.pid != os.getpid()
+    rng = random.Random(11)
+    texts = [" ".join(str(rng.randrange(10)) for _ in range(rng.randint(2, 12))) for _ in range(60)]
+    calls = [process_server.api.Translate.future(pb.TranslateRequest(texts=[t]), timeout=120) for t in texts]
+    assert [c.result().translations[0].hypotheses[0].text for c in calls] == best(reversal_engine, texts)
+    options = pb.DecodingOptions(beam_size=4, num_hypotheses=3, return_attention=True)
+    reply = process_server.api.Translate(pb.TranslateRequest(texts=["1 2 3 4", "9 8"], options=options), timeout=60)
+    want = reversal_engine.translate(["1 2 3 4", "9 8"], DecodingOptions(beam_size=4, num_hypotheses=3))
+    assert [[h.text for h in t.hypotheses] for t in reply.translations] == \
+        [[h.text for h in t.hypotheses] for t in want]
+    assert all(len(h.alignments) == len(h.tokens) for t in reply.translations for h in t.hypotheses)
+
+
+def test_streaming_sends_prefixes_then_the_same_final(process_server: ServerThread) -> None:
+    request = pb.TranslateRequest(texts=[LONG_DIGITS, "1 2"])
+    responses = list(process_server.api.TranslateStream(request, timeout=60))
+    partials, final = responses[:-1], responses[-1]
+    assert partials and all(p.kind == pb.RESULT_KIND_PARTIAL for p in partials)
+    assert final == process_server.api.Translate(request, timeout=60)
+    answer = final.translations[0].hypotheses[0].text
+    assert all(answer.startswith(p.translations[0].hypotheses[0].text) for p in partials)
+
+
+def test_the_childs_metrics_reach_the_server(process_server: ServerThread) -> None:
+    names = ["nmt_decoder_steps_count", "nmt_batch_rows_count", "nmt_encode_duration_seconds_count",
+             "nmt_source_tokens_count", "nmt_requests_total"]
+    labels = [{}, {}, {}, {}, dict(method="Translate", code="OK")]
+    before = [process_server.metric(n, **kw) for n, kw in zip(names, labels)]
+    process_server.api.Translate(pb.TranslateRequest(texts=["1 2 3", "4 5 6 7"]), timeout=30)
+    after = [process_server.metric(n, **kw) for n, kw in zip(names, labels)]
+    moved = dict(zip(names, (a - b for a, b in zip(after, before))))
+    assert moved["nmt_requests_total"] == 1 and moved["nmt_source_tokens_count"] == 2
+    assert moved["nmt_decoder_steps_count"] > 0 and moved["nmt_batch_rows_count"] > 0
+    assert moved["nmt_encode_duration_seconds_count"] > 0
+    assert process_server.metric("nmt_inflight_rows") == 0 and process_server.metric("nmt_queue_depth") == 0
+
+
+def test_a_killed_child_fails_what_it_held_and_another_starts(process_server: ServerThread,
+                                                              reversal_engine: Engine) -> None:
+    sched = child_of(process_server)
+    first = sched.process
+    many = pb.TranslateRequest(texts=[LONG_DIGITS] * 64, options=pb.DecodingOptions(beam_size=4))
+    calls = [process_server.api.Translate.future(many, timeout=120) for _ in range(4)]
+    wait_until(lambda: process_server.metric("nmt_inflight_rows") > 0, timeout=30, what="rows decoding")
+    os.kill(first.pid, signal.SIGKILL)
+    codes = []
+    for c in calls:
+        try:
+            c.result()
+            codes.append(grpc.StatusCode.OK)
+        except grpc.RpcError as e:
+            codes.append(e.code())
+            if e.code() is grpc.StatusCode.UNAVAILABLE:
+                assert "engine process stopped" in e.details() and "retry" in e.details()
+    assert grpc.StatusCode.UNAVAILABLE in codes and set(codes) <= {grpc.StatusCode.OK, grpc.StatusCode.UNAVAILABLE}
+    assert process_server.api.Translate(pb.TranslateRequest(texts=["3 1 4"]), timeout=120) \
+        .translations[0].hypotheses[0].text == best(reversal_engine, ["3 1 4"])[0]
+    assert sched.process is not first and sched.process.is_alive()
+    # killed while idle: the next request waits for the next child instead of failing
+    second = sched.process
+    os.kill(second.pid, signal.SIGKILL)
+    second.join(10)
+    assert process_server.api.Translate(pb.TranslateRequest(texts=["2 7"]), timeout=120) \
+        .translations[0].hypotheses[0].text == best(reversal_engine, ["2 7"])[0]
+    assert sched.process is not second and sched.process.is_alive()
+
+
+def test_stopping_the_server_stops_the_child(reversal_repository) -> None:
+    server = ServerThread(config_for(reversal_repository, "--engine-process", "on"))
+    try:
+        assert server.api.Translate(pb.TranslateRequest(texts=["5 6"]), timeout=60).translations
+        child = child_of(server).process
+        assert child.is_alive()
+    finally:
+        server.stop()
+    child.join(10)
+    assert not child.is_alive() and child.exitcode == 0
