@@ -190,7 +190,7 @@ def run(args: argparse.Namespace) -> dict:
 
 
 def markdown(r: dict, args: argparse.Namespace) -> str:
-    med = {name: {n: {k: statistics.median(x.get(k, float("nan")) for x in rs)
+    med = {name: {n: {k: statistics.median(x[k] for x in rs)
                       for k in ("texts_per_s", "tokens_per_s", "cores")}
                   for n, rs in shapes.items()} for name, shapes in r["rounds"].items()}
     flags = "".join(f" --{name}-flags {shlex.quote(getattr(args, f'{name}_flags'))}"

@@ -204,7 +204,7 @@ class ProcessScheduler(Scheduler):
             if self._closing:
                 return
             log.error("%s: the engine process %s; starting another", self._model_label, why)
-            self._lose(NmtError(ErrorKind.UNAVAILABLE, f"the engine process {why}; retry"))
+            self._fail_running(NmtError(ErrorKind.UNAVAILABLE, f"the engine process {why}; retry"))
             time.sleep(RESTART_PAUSE)
             self._spawn()
 
@@ -219,12 +219,6 @@ class ProcessScheduler(Scheduler):
             log.error("%s: the engine process could not load the model: %s", self._model_label, why)
         return kind == "ready"
 
-    def _lose(self, error: NmtError) -> None:
-        with self._lock:
-            lost = self.state.reset()
-            self._observe_queue()
-        self._post(self._fail_all, lost, error)
-
     def _drive(self) -> None:
         """Answer ticks with cycles while the child has rows or cycles to apply; else wait for arrivals."""
         assert self._conn is not None and self.process is not None
@@ -236,20 +230,14 @@ class ProcessScheduler(Scheduler):
                     continue
                 tick = conn.recv()
                 applied, rows = tick.applied, tick.rows
+                if tick.error:  # the child dropped its batches (it sends nothing finished with an error)
+                    self._fail_running(NmtError(ErrorKind.INTERNAL, tick.error))
             elif not self.process.is_alive():  # died idle: what is queued waits for the next child
                 raise EOFError("exited while idle")
-            lost: list[int] = []
             with self._lock:
-                self._wake.clear()  # a submit or cancel after this sets it again
-                now = self._clock()
-                if tick is not None:
-                    lost = self.state.reset() if tick.error else []
-                    for key, _ in tick.finished:
-                        self.state.finish(key)
-                expired = self.state.expired(now)
-                for request_id in expired:
-                    self.state.cancel(request_id)
-                cycle = self.state.take(now)
+                for key, _ in tick.finished if tick else ():  # first: their rows are free for this cycle
+                    self.state.finish(key)
+                now, cycle = self._next_cycle()
                 stream = tuple(self.state.running[key].stream for key, _ in cycle.add)
                 new_weights = self.state.lane_weights()
                 wake_at = None if rows or cycle.add else self.state.next_wake(now)
@@ -260,18 +248,13 @@ class ProcessScheduler(Scheduler):
                 sent += 1
             for waited in cycle.waited:
                 self._metrics.queue_wait.observe(waited)
-            if expired:
-                self._post(self._fail_all, expired, NmtError(
-                    ErrorKind.DEADLINE_EXCEEDED, "deadline exceeded while queued or decoding"))
             if tick is not None:
-                self._report(tick, lost)
+                self._report(tick)
             if not rows and sent == applied:
                 self._wake.wait(None if wake_at is None else max(0.0, wake_at - now))
 
-    def _report(self, tick: Tick, lost: list[int]) -> None:
+    def _report(self, tick: Tick) -> None:
         for name, value in tick.observed:
             getattr(self._metrics, name).observe(value)
-        if tick.error:
-            self._post(self._fail_all, lost, NmtError(ErrorKind.INTERNAL, tick.error))
         if tick.finished or tick.prefixes:
             self._post(self._deliver, _Outcome(tick.finished, tick.prefixes))

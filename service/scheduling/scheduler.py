@@ -1,22 +1,22 @@
 """Scheduler: one queue for all clients, step-level (continuous) batching.
 
-Shaped as handle + pure state + one engine thread (the shape of
-text-generation-inference's ``router/src/queue.rs`` and Ray Serve's ``serve/batching.py``):
+Shaped as handle + pure state + one engine thread (the shape of text-generation-inference's
+``router/src/queue.rs`` and Ray Serve's ``serve/batching.py``):
 
-- ``SchedulerState`` (``service.scheduling.admission``) decides, as plain synchronous
-  code with an injected clock, which queued texts join the running batch and
-  which rows leave it. Tested without a model (``tests/test_scheduler.py``).
-- ``Scheduler`` is the handle requests await. ONE engine thread loops: under a lock it asks
-  the state for the next cycle (removals, additions, expired deadlines), runs it and one
-  decoder step, and posts finished texts (and streaming prefixes) to the event loop, which
-  answers the requests. The engine never waits for the event loop between steps, so a busy
-  loop (a burst of requests to tokenize) does not stall decoding; and the loop runs no model code.
+- ``SchedulerState`` (``service.scheduling.admission``) decides, as plain synchronous code with an
+  injected clock, which queued texts join the running batch and which rows leave it. Tested
+  without a model (``tests/test_scheduler.py``).
+- ``Scheduler`` is the handle requests await. ONE engine thread loops: under a lock it asks the
+  state for the next cycle (removals, additions, expired deadlines), runs it and one decoder step,
+  and posts finished texts (and streaming prefixes) to the event loop, which answers the requests.
+  The engine never waits for the event loop between steps, so a busy loop (a burst of requests to
+  tokenize) does not stall decoding; and the loop runs no model code.
 
-The unit of a decoder step is a row; a text owns ``beam_size`` rows. Between two steps,
-queued texts join (``DecodeBatch.add``) and finished texts are answered at once. Texts queue
-for at most ``max_wait`` (unless they fill the free rows) so that arrivals share one encoder
-run. With ``step_level=False`` (request-level batching, the benchmark baseline) a new batch
-only starts once the running one is empty.
+The unit of a decoder step is a row; a text owns ``beam_size`` rows. Between two steps, queued
+texts join (``DecodeBatch.add``) and finished texts are answered at once. Texts queue for at most
+``max_wait`` (unless they fill the free rows) so that arrivals share one encoder run. With
+``step_level=False`` (request-level batching, the benchmark baseline) a new batch only starts
+once the running one is empty.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from service.errors import ErrorKind, NmtError
 from service.interface import Decoded, Engine, Event, Final, Key, Partial, Prepared, Translation
 from service.metrics import Metrics
 from service.process import name_os_thread
-from service.scheduling.admission import SchedulerState
+from service.scheduling.admission import Cycle, SchedulerState
 from service.scheduling.lanes import Lanes, change, step
 from service.scheduling.client_metrics import ClientGauges
 
@@ -64,8 +64,7 @@ class Scheduler:
                  clock: Callable[[], float] = time.monotonic) -> None:
         self._engine, self._metrics, self._clock = engine, metrics, clock
         self.state = SchedulerState(config)
-        self._lock = threading.Lock()  # guards state: the loop submits and cancels, the
-        # engine thread takes and finishes
+        self._lock = threading.Lock()  # guards state: the loop submits and cancels, the engine thread takes
         self._wake = threading.Event()  # something for an idle engine thread: arrival, cancel, close
         self._closing = False
         self._requests: dict[int, _Request] = {}  # event-loop thread only
@@ -110,9 +109,8 @@ class Scheduler:
         return request
 
     def refuse_if_full(self, least: int) -> None:
-        """Admission before tokenizing: RESOURCE_EXHAUSTED at once when a request of at least
-        ``least`` work (rows x steps) cannot fit now (``SchedulerState.refuse_if_full``). Read
-        under the lock, as ``stream``'s submit decides, which still decides on the exact work."""
+        """Admission before tokenizing: RESOURCE_EXHAUSTED at once when a request of at least ``least`` work
+        (rows x steps) cannot fit now (``SchedulerState.refuse_if_full``); ``stream``'s submit decides exactly."""
         with self._lock:
             self.state.refuse_if_full(least)
 
@@ -132,9 +130,8 @@ class Scheduler:
         request_id = next(self._ids)
         with self._lock:
             now = self._clock()
-            self.state.submit(request_id, prepared, now=now,
-                              deadline=None if timeout is None else now + timeout, stream=partials,
-                              client=client)
+            self.state.submit(request_id, prepared, now=now, deadline=None if timeout is None else now + timeout,
+                              stream=partials, client=client)
             self._observe_queue()
         request = _Request(prepared=prepared, events=asyncio.Queue(), prefixes=[""] * len(prepared))
         self._requests[request_id] = request
@@ -156,26 +153,17 @@ class Scheduler:
     # -- the engine thread --------------------------------------------------------------
 
     def _engine_loop(self) -> None:
-        """Decide (under the lock), then remove, add and step, and again: never waits for
-        the event loop, which only hears of finished texts, partials and failures."""
+        """Decide under the lock, remove, add, step, again: never waits for the event loop (it hears of results)."""
         lanes: Lanes | None = None
         name_os_thread(ENGINE_THREAD)
         while not self._closing:
             with self._lock:
-                self._wake.clear()  # a submit or cancel after this sets it again
-                now = self._clock()
-                expired = self.state.expired(now)
-                for request_id in expired:
-                    self.state.cancel(request_id)
-                cycle = self.state.take(now)
+                now, cycle = self._next_cycle()
                 busy = bool(cycle.add or cycle.remove or self.state.running)
                 streaming = [k for k, e in self.state.running.items() if e.stream]
                 weights = self.state.lane_weights()
                 wake_at = None if busy else self.state.next_wake(now)
                 self._observe_queue()
-            if expired:
-                self._post(self._fail_all, expired, NmtError(
-                    ErrorKind.DEADLINE_EXCEEDED, "deadline exceeded while queued or decoding"))
             if not busy:
                 self._wake.wait(None if wake_at is None else max(0.0, wake_at - now))
                 continue
@@ -186,12 +174,8 @@ class Scheduler:
                 outcome = _Outcome(*step(lanes, weights, streaming, self._metrics))
             except Exception as e:  # a runtime failure: fail what was decoding, start afresh
                 lanes = None
-                error = e if isinstance(e, NmtError) else NmtError(
-                    ErrorKind.INTERNAL, f"decoding failed: {type(e).__name__}: {e}")
-                with self._lock:
-                    lost = self.state.reset()
-                    self._observe_queue()
-                self._post(self._fail_all, lost, error)
+                self._fail_running(e if isinstance(e, NmtError) else NmtError(
+                    ErrorKind.INTERNAL, f"decoding failed: {type(e).__name__}: {e}"))
                 continue
             if outcome.finished or outcome.prefixes:
                 with self._lock:
@@ -199,6 +183,23 @@ class Scheduler:
                         self.state.finish(key)
                     self._observe_queue()
                 self._post(self._deliver, outcome)
+
+    def _next_cycle(self) -> tuple[float, Cycle]:  # holding the lock
+        """Now, and the next cycle; requests whose deadline passed are cancelled and failed."""
+        self._wake.clear()  # a submit or cancel after this sets it again
+        now = self._clock()
+        if expired := self.state.expired(now):
+            for request_id in expired:
+                self.state.cancel(request_id)
+            self._post(self._fail_all, expired, NmtError(
+                ErrorKind.DEADLINE_EXCEEDED, "deadline exceeded while queued or decoding"))
+        return now, self.state.take(now)
+
+    def _fail_running(self, error: NmtError) -> None:  # the engine failed; the queue waits on
+        with self._lock:
+            lost = self.state.reset()
+            self._observe_queue()
+        self._post(self._fail_all, lost, error)
 
     def _post(self, callback: Callable[..., None], *args: object) -> None:
         """Hand ``callback(*args)`` to the event loop, in order. One wake-up (a self-pipe write,
@@ -221,8 +222,7 @@ class Scheduler:
             try:
                 callback(*args)
             except Exception as e:  # as the loop would for separate callbacks: log, go on
-                assert self._loop is not None
-                self._loop.call_exception_handler({"message": f"error in {callback!r}", "exception": e})
+                asyncio.get_running_loop().call_exception_handler({"message": f"error in {callback!r}", "exception": e})
 
     # -- the event loop: text, results, failures, cancels ----------------------------------
 
