@@ -6,9 +6,14 @@ it held (UNAVAILABLE) and is started again, and stopping the server leaves no ch
 
 from __future__ import annotations
 
+import logging
+import multiprocessing
 import os
+import pickle
 import random
 import signal
+import threading
+import time
 
 import grpc
 import pytest
@@ -77,6 +82,92 @@ def test_answers_are_the_engine_alones(process_server: ServerThread, reversal_en
     assert [[h.text for h in t.hypotheses] for t in reply.translations] == \
         [[h.text for h in t.hypotheses] for t in want]
     assert all(len(h.alignments) == len(h.tokens) for t in reply.translations for h in t.hypotheses)
+
+
+def test_encoded_texts_cross_a_pickle_and_join_as_if_added(reversal_engine: Engine) -> None:
+    rng = random.Random(5)
+    texts = [" ".join(str(rng.randrange(10)) for _ in range(rng.randint(1, 14))) for _ in range(9)]
+    items = [((0, i), reversal_engine.prepare_text(t, DecodingOptions(beam_size=1 + i % 3), i))
+             for i, t in enumerate(texts)]
+    encoded = pickle.loads(pickle.dumps(reversal_engine.encode(items)))
+    assert len(encoded.runs) > 1  # lengths 1 to 14: more than one encoder run
+    added, joined = reversal_engine.new_batch(), reversal_engine.new_batch()
+    added.add(items)
+    joined.join(encoded)
+    results: list[dict] = [{}, {}]
+    while added.live_rows or joined.live_rows:
+        for batch, done in zip((added, joined), results):
+            done.update(batch.step())
+    assert len(results[0]) == len(texts) and results[0] == results[1]
+
+
+def test_the_server_process_encodes_and_the_child_when_it_cannot(process_server: ServerThread,
+                                                                  reversal_engine: Engine, monkeypatch,
+                                                                  caplog) -> None:
+    sched = child_of(process_server)
+    assert sched._encodes  # the child took this process's int8 form ("": fp32 graphs)
+    engine, calls = sched._engine, []
+    encode = engine.encode
+    monkeypatch.setattr(engine, "encode", lambda items: calls.append(len(items)) or encode(items))
+    texts = ["4 4 1", "7 3 9 9 2", "5"]
+    reply = process_server.api.Translate(pb.TranslateRequest(texts=texts), timeout=60)
+    assert [t.hypotheses[0].text for t in reply.translations] == best(reversal_engine, texts)
+    assert sum(calls) == len(texts)
+
+    def broken(items):
+        raise RuntimeError("no encoder here")
+    monkeypatch.setattr(engine, "encode", broken)
+    with caplog.at_level(logging.ERROR, logger="nmt.engine_process"):
+        reply = process_server.api.Translate(pb.TranslateRequest(texts=texts), timeout=60)
+    assert [t.hypotheses[0].text for t in reply.translations] == best(reversal_engine, texts)
+    assert "encoding in the server process failed" in caplog.text
+
+
+def test_large_changes_and_large_ticks_do_not_wait_for_each_other(reversal_engine: Engine) -> None:
+    """The driver sends changes (encoded texts) without reading ticks (attention) for a while."""
+    from service.scheduling.child import Change, _decode
+
+    server, child = multiprocessing.Pipe()
+    decoding = threading.Thread(target=_decode, args=(child, reversal_engine), daemon=True)
+    decoding.start()
+    options = DecodingOptions(beam_size=2, return_attention=True)
+    changes = []
+    for n in range(80):
+        items = tuple(((n, i), reversal_engine.prepare_text(LONG_DIGITS, options, i)) for i in range(4))
+        changes.append(Change((), items, ("bulk",) * 4, (False,) * 4, {"bulk": 1},
+                              {"bulk": reversal_engine.encode(items)}))
+
+    def send() -> None:  # while the child steps and its ticks pile up unread
+        for c in changes:
+            server.send(c)
+            time.sleep(0.01)
+    sender = threading.Thread(target=send, daemon=True)
+    sender.start()
+    sender.join(60)
+    assert not sender.is_alive(), "the child stopped reading while its ticks were unread"
+    finished: dict = {}
+    while len(finished) < 320:
+        finished.update(server.recv().finished)
+    server.send(None)
+    decoding.join(10)
+    assert not decoding.is_alive()
+    want = reversal_engine.decode([reversal_engine.prepare_text(LONG_DIGITS, options, 0)])[0]
+    assert all(d.hypotheses[0].tokens == want.hypotheses[0].tokens for d in finished.values())
+    assert sum(len(d.hypotheses[0].attention) for d in finished.values()) * 4 * len(LONG_DIGITS.split()) > 1 << 19
+
+
+@pytest.mark.parametrize("form, encodes", [("", True), ("u8s8", False)])
+def test_the_server_encodes_only_for_a_child_of_its_int8_form(reversal_engine: Engine, form: str,
+                                                              encodes: bool, caplog) -> None:
+    from service.config import SchedulerConfig
+    from service.metrics import Metrics
+
+    sched = ProcessScheduler(reversal_engine, SchedulerConfig(), metrics=Metrics())
+    sched._conn, child = multiprocessing.Pipe()
+    child.send(("ready", form))  # what the child says once loaded: its int8 form
+    with caplog.at_level(logging.WARNING, logger="nmt.engine_process"):
+        assert sched._ready()
+    assert sched._encodes is encodes and ("the child encodes" in caplog.text) is not encodes
 
 
 def test_streaming_sends_prefixes_then_the_same_final(process_server: ServerThread) -> None:

@@ -43,6 +43,32 @@ class _Text:
         return len(self.prepared.source_ids)
 
 
+@dataclass(frozen=True)
+class Encoded:
+    """Texts encoded for ``Batch.join``, longest first: plain arrays, so that they can cross to
+    another process."""
+
+    items: list[tuple[Key, Prepared]]
+    candidates: list[np.ndarray | None]  # per text: its shortlist's target ids (None: all)
+    runs: list[tuple[int, int]]  # (start, end) of each encoder run (``layout.encoder_runs``)
+    outputs: list[tuple[np.ndarray, np.ndarray, np.ndarray]]  # per run: annotations, keys, init_state
+
+
+def encode(runtime: Runtime, pad: int, items: Sequence[tuple[Key, Prepared]]) -> Encoded:
+    """Run the encoder on ``items``: one run per group of similar lengths (less padding)."""
+    # longest first: short texts tend to finish first, and leavers at the end cost no copy
+    ordered = sorted(items, key=lambda item: -len(item[1].source_ids))
+    lists = runtime.shortlist
+    lengths = [len(p.source_ids) for _, p in ordered]
+    runs, outputs = layout.encoder_runs(lengths), []
+    for start, end in runs:
+        src, run_lengths = layout.pad_sources([p.source_ids for _, p in ordered[start:end]], pad)
+        out = runtime.encode(src, run_lengths)
+        outputs.append((out.annotations, out.keys, out.init_state))
+    return Encoded(items=ordered, runs=runs, outputs=outputs,
+                   candidates=[None if lists is None else lists.of_text(p.source_ids) for _, p in ordered])
+
+
 class Batch:
     """A ``DecodeBatch`` over an ONNX Runtime ``Runtime`` (see ``service.interface``)."""
 
@@ -74,28 +100,26 @@ class Batch:
     def add(self, items: Sequence[tuple[Key, Prepared]]) -> None:
         """Encode the texts (one encoder run per group of similar lengths, ``layout.encoder_runs``)
         and append their rows."""
-        if not items:
-            return
-        new_keys = {key for key, _ in items}
-        if len(new_keys) != len(items) or new_keys & {t.key for t in self._texts}:
+        if items:
+            self.join(encode(self._runtime, self._special.pad, items))
+
+    def join(self, encoded: Encoded) -> None:
+        """Append the rows of texts encoded by ``encode`` (here, or in another process on the same
+        graphs: ``service.scheduling.remote``)."""
+        new_keys = {key for key, _ in encoded.items}
+        if len(new_keys) != len(encoded.items) or new_keys & {t.key for t in self._texts}:
             raise ValueError(f"keys already in the batch or repeated: {sorted(map(repr, new_keys))}")
-        # longest first: short texts tend to finish first, and leavers at the end cost no copy
-        ordered = sorted(items, key=lambda item: -len(item[1].source_ids))
-        lists = self._runtime.shortlist
-        texts = [_Text(key=key, prepared=p, start=self._history.steps,
-                       candidates=None if lists is None else lists.of_text(p.source_ids)) for key, p in ordered]
+        texts = [_Text(key=key, prepared=p, start=self._history.steps, candidates=c)
+                 for (key, p), c in zip(encoded.items, encoded.candidates)]
         lengths = np.array([t.src_len for t in texts], dtype=np.int64)
         beams = np.array([t.prepared.rows for t in texts], dtype=np.int64)
         columns = max(layout.width(int(lengths.max())), self._context.columns)
         parts, states = [], []
-        for start, end in layout.encoder_runs(lengths):  # runs of similar lengths: less padding
-            src, run_lengths = layout.pad_sources([t.prepared.source_ids for t in texts[start:end]],
-                                                  self._special.pad)
-            encoded = self._runtime.encode(src, run_lengths)
+        for (start, end), (annotations, keys, init_state) in zip(encoded.runs, encoded.outputs):
             expand = np.repeat(np.arange(end - start), beams[start:end])  # (run's rows,) text of each row
-            mask = layout.source_mask(run_lengths, src.shape[1])
-            parts.append((encoded.annotations[expand], encoded.keys[expand], mask[expand]))
-            states.append(encoded.init_state[expand])
+            mask = layout.source_mask(lengths[start:end], annotations.shape[1])
+            parts.append((annotations[expand], keys[expand], mask[expand]))
+            states.append(init_state[expand])
         self._context.append(parts, columns)
         new_rows = int(beams.sum())
         state = np.concatenate(states)

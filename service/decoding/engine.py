@@ -15,13 +15,13 @@ import dataclasses
 from pathlib import Path
 from typing import Sequence
 
-from service.decoding.batch import Batch
+from service.decoding.batch import Batch, Encoded, encode
 from service.decoding.int8_form import FormChoice
 from service.decoding.shortlist import ShortlistChoice, always_ids, load_shortlist
 from service.decoding.shortlist import decide as decide_shortlist
 from service.decoding.runtime import PROVIDERS, Runtime
 from service.errors import ModelRepositoryError, invalid
-from service.interface import Decoded, Prepared, Translation
+from service.interface import Decoded, Key, Prepared, Translation
 from service.models.manifest import Manifest, load_manifest
 from service.options import DecodingOptions, Limits, validate_request
 from service.text import render
@@ -97,6 +97,11 @@ class Engine:
     def new_batch(self) -> Batch:
         """An empty running batch on this engine's sessions."""
         return Batch(self.runtime, special=self.special, vocab_size=self.vocab_size)
+
+    def encode(self, items: Sequence[tuple[Key, Prepared]]) -> Encoded:
+        """Run the encoder on texts for one of this engine's batches (``Batch.join``): with
+        ``--engine-process on``, the server process encodes while the child steps."""
+        return encode(self.runtime, self.special.pad, items)
 
     def translation(self, prepared: Prepared, decoded: Decoded) -> Translation:
         return render.translation(self.tokenizer, prepared, decoded)

@@ -15,7 +15,7 @@ big, or ``--fairness off``) it steps every cycle: the old behaviour.
 from __future__ import annotations
 
 import time
-from typing import Callable
+from typing import Any, Callable
 
 from service.interface import DecodeBatch, Decoded, Key, Prepared
 from service.metrics import Metrics
@@ -58,12 +58,16 @@ class Lanes:
         for lane, lane_keys in by_lane.items():
             self.batch(lane).remove(lane_keys)
 
-    def add(self, lane: str, items: list[tuple[Key, Prepared]]) -> None:
+    def add(self, lane: str, items: list[tuple[Key, Prepared]], encoded: Any = None) -> None:
+        """``items`` join ``lane``; ``encoded``: the engine's ``encode(items)``, done already."""
         batch = self.batch(lane)
         if not batch.live_rows:  # idle until now: no credit for the time it did not use
             busy = [self.virtual[other] for other, b in self.batches.items() if other != lane and b.live_rows]
             self.virtual[lane] = max([self.virtual[lane], *busy])
-        batch.add(items)
+        if encoded is None:
+            batch.add(items)
+        else:
+            batch.join(encoded)  # type: ignore[attr-defined]  # an engine that encodes also joins
         self.lane_of.update((key, lane) for key, _ in items)
 
     def next_lane(self) -> str | None:
@@ -87,18 +91,26 @@ class Lanes:
         return self.batch(self.lane_of[key]).prefix(key)
 
 
-def change(lanes: Lanes, cycle: Cycle, metrics: Metrics) -> None:
-    """A cycle's removals, then its additions (one encoder run per lane)."""
+def by_lane(cycle: Cycle) -> dict[str, list[tuple[Key, Prepared]]]:
+    """A cycle's texts joining, by lane (in lane order; each lane's in the cycle's order)."""
+    lanes = {lane: [item for item, item_lane in zip(cycle.add, cycle.lanes) if item_lane == lane] for lane in LANES}
+    return {lane: items for lane, items in lanes.items() if items}
+
+
+def change(lanes: Lanes, cycle: Cycle, metrics: Metrics, encoded: dict[str, Any] | None = None) -> None:
+    """A cycle's removals, then its additions (one encoder run per lane, unless ``encoded`` has the
+    lane's texts encoded already: ``service.scheduling.remote``)."""
     if cycle.remove:
         lanes.remove(list(cycle.remove))
     if cycle.add:
         for waited in cycle.waited:
             metrics.queue_wait.observe(waited)
-        for lane in LANES:
-            items = [item for item, item_lane in zip(cycle.add, cycle.lanes) if item_lane == lane]
-            if items:
-                with metrics.encode_duration.time():
-                    lanes.add(lane, items)
+        for lane, items in by_lane(cycle).items():
+            if encoded is not None and lane in encoded:
+                lanes.add(lane, items, encoded[lane])
+                continue
+            with metrics.encode_duration.time():
+                lanes.add(lane, items)
 
 
 def step(lanes: Lanes, weights: dict[str, int], streaming: list[Key], metrics: Metrics

@@ -1,20 +1,23 @@
 """Batches that decode in a process of their own (``nmt serve --engine-process on``).
 
 In one process, grpc.aio's event loop and the engine thread share one GIL and two cores' worth
-of threads. Here each model's batches and decoder steps live in a child process (``serve_engine``,
-started with ``spawn``: no fork of a process that holds ONNX Runtime's threads), and the server
-process keeps everything else: the requests, ``SchedulerState``'s admission and fairness,
-deadlines, rendering, metrics. Measured on 2 cores (``docs/serving.md``): with one intra-op
-thread for the child and the other core left to the server process, 1.19x texts/s at one text
-per call and 0.96x at eight, on 1.50 and 1.31 cores against 1.84 and 1.92.
+of threads. Here each model's batches and decoder steps live in a child process
+(``service.scheduling.child``, started with ``spawn``: no fork of a process that holds ONNX
+Runtime's threads), and the server process keeps everything else: the requests,
+``SchedulerState``'s admission and fairness, deadlines, the encoder runs, rendering, metrics.
+Measured on 2 cores (``docs/serving.md``): one intra-op thread for the child, the other core
+for the server process; 1.14x texts/s at one text per call and 1.20x at eight against in
+process, on 1.70 and 1.73 cores against 1.85 and 1.93; idle latency 1.3x.
 
 ``ProcessScheduler`` is ``Scheduler`` with its engine thread replaced by a *driver* thread that
 speaks to the child through one pipe. The child never waits for the server while it has rows:
 after every step it sends a ``Tick`` (cycles applied so far, live rows, finished texts, streaming
-prefixes, the metrics it observed) and steps on; the driver answers a tick with the next cycle
-(``Change``: removals, texts joining, lane weights), which the child applies before a later step.
-So texts join a step later than in process. Idle, the child blocks on the pipe and the driver
-on the scheduler's wake event, as the engine thread does.
+prefixes, the metrics it observed) and steps on; the driver reads every tick there is and
+answers with the next cycle (``Change``: removals, texts joining, lane weights), which the child
+applies before a later step. So texts join a step later than in process. The driver encodes the
+texts joining (its own encoder session, in the child's int8 form: the same bits) while the
+child runs that step; the child only appends their rows. Idle, the child waits for the pipe and
+the driver for the scheduler's wake event, as the engine thread does.
 
 A failed cycle or step fails what the child was decoding (as in process); a child that dies
 (killed, out of memory) fails what it held, with UNAVAILABLE, and is started again.
@@ -25,19 +28,17 @@ from __future__ import annotations
 import logging
 import multiprocessing
 import time
-from contextlib import contextmanager
-from dataclasses import dataclass
 from multiprocessing.connection import Connection
-from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 from service.config import SchedulerConfig, ServeConfig
 from service.errors import ErrorKind, NmtError
-from service.interface import Decoded, Engine, Key, Prepared
+from service.interface import Engine
 from service.metrics import Metrics
 from service.process import name_os_thread
 from service.scheduling.admission import Cycle
-from service.scheduling.lanes import Lanes, change, step
+from service.scheduling.child import Change, Tick, serve_engine
+from service.scheduling.lanes import by_lane
 from service.scheduling.scheduler import ENGINE_THREAD, Scheduler, _Outcome
 
 log = logging.getLogger("nmt.engine_process")
@@ -55,99 +56,6 @@ def scheduler_for(engine: Engine, config: ServeConfig, metrics: Metrics) -> Sche
     return Scheduler(engine, config.scheduler, metrics=metrics)
 
 
-@dataclass(frozen=True)
-class Change:
-    """One cycle for the child: removals, then texts joining (with their lane and streaming flag)."""
-
-    remove: tuple[Key, ...]
-    add: tuple[tuple[Key, Prepared], ...]
-    lanes: tuple[str, ...]
-    stream: tuple[bool, ...]
-    weights: dict[str, int]  # clients decoding in each lane (``SchedulerState.lane_weights``)
-
-
-@dataclass(frozen=True)
-class Tick:
-    """The child's report after a step (or after cycles that left it without rows)."""
-
-    applied: int  # cycles applied so far
-    rows: int  # live rows after the step
-    finished: list[tuple[Key, Decoded]]
-    prefixes: dict[Key, list[int]]  # streaming texts still decoding -> their agreed target ids
-    observed: list[tuple[str, float]]  # (Metrics histogram attribute, value), for the server to observe
-    error: str = ""  # the cycle or step failed: the child dropped its batches
-
-
-class _Recorder:
-    """Stands in for ``Metrics`` in the child: what ``change`` and ``step`` observe, kept for a tick."""
-
-    def __init__(self) -> None:
-        self.observed: list[tuple[str, float]] = []
-
-    def __getattr__(self, name: str) -> _Histogram:
-        return _Histogram(self.observed, name)
-
-    def take(self) -> list[tuple[str, float]]:
-        observed, self.observed = self.observed, []
-        return observed
-
-
-class _Histogram:
-    def __init__(self, observed: list[tuple[str, float]], name: str) -> None:
-        self._observed, self._name = observed, name
-
-    def observe(self, value: float) -> None:
-        self._observed.append((self._name, value))
-
-    @contextmanager
-    def time(self) -> Iterator[None]:
-        started = time.perf_counter()
-        try:
-            yield
-        finally:
-            self.observe(time.perf_counter() - started)
-
-
-def serve_engine(conn: Connection, kind: type, root: str, construction: dict[str, Any]) -> None:
-    """The child's life: build the engine (``kind``, the server's engine class, as the server
-    built it), say ready, then decode until told to stop."""
-    name_os_thread(ENGINE_THREAD)
-    try:
-        engine = kind(Path(root), **construction)
-    except Exception as e:  # the server process loaded the same model: only a fault gets here
-        conn.send(("failed", f"{type(e).__name__}: {e}"))
-        return
-    conn.send(("ready", ""))
-    try:
-        _decode(conn, engine)
-    except (EOFError, OSError):  # the server process is gone
-        pass
-
-
-def _decode(conn: Connection, engine: Any) -> None:
-    """Apply cycles and step until told to stop (``None``), a tick after every step."""
-    lanes, recorder, streaming, weights, applied = Lanes(engine.new_batch), _Recorder(), set(), {}, 0
-    while True:
-        changes = [] if lanes.live_rows else [conn.recv()]  # idle: wait for work
-        while conn.poll():
-            changes.append(conn.recv())
-        if None in changes:  # stop
-            return
-        error = ""
-        try:
-            for c in changes:
-                applied, weights = applied + 1, c.weights
-                change(lanes, Cycle(remove=c.remove, add=c.add, lanes=c.lanes), recorder)
-                streaming.difference_update(c.remove)
-                streaming.update(key for (key, _), s in zip(c.add, c.stream) if s)
-            finished, prefixes = step(lanes, weights, sorted(streaming), recorder)
-            streaming.difference_update(key for key, _ in finished)
-        except Exception as e:  # as in process: what was decoding fails, the engine goes on afresh
-            lanes, streaming, finished, prefixes = Lanes(engine.new_batch), set(), [], {}
-            error = f"decoding failed: {type(e).__name__}: {e}"
-        conn.send(Tick(applied, lanes.live_rows, finished, prefixes, recorder.take(), error))
-
-
 class ProcessScheduler(Scheduler):
     """``Scheduler`` whose batches decode in a child process (module docstring)."""
 
@@ -156,6 +64,7 @@ class ProcessScheduler(Scheduler):
         super().__init__(engine, config, metrics=metrics, clock=clock)
         self.process: multiprocessing.process.BaseProcess | None = None  # the child now
         self._conn: Connection | None = None
+        self._encodes = False  # the server process encodes what joins (the child's graphs are its own)
 
     def start(self) -> None:
         self._spawn()
@@ -214,44 +123,67 @@ class ProcessScheduler(Scheduler):
         while not self._conn.poll(0.1):
             if self._closing:
                 return True  # _drive returns at once
-        kind, why = self._conn.recv()
+        kind, said = self._conn.recv()
         if kind != "ready":
-            log.error("%s: the engine process could not load the model: %s", self._model_label, why)
-        return kind == "ready"
+            log.error("%s: the engine process could not load the model: %s", self._model_label, said)
+            return False
+        # the child's sessions took the same int8 form as this process's (same CPU, same check):
+        # then this process's encoder gives the child's bits, and encodes while the child steps
+        self._encodes = said == self._engine.int8_form
+        if not self._encodes:
+            log.warning("%s: the engine process runs int8 form %r, this process %r: the child encodes",
+                        self._model_label, said, self._engine.int8_form)
+        return True
 
     def _drive(self) -> None:
         """Answer ticks with cycles while the child has rows or cycles to apply; else wait for arrivals."""
         assert self._conn is not None and self.process is not None
         conn, sent, applied, rows, weights = self._conn, 0, 0, 0, None
         while not self._closing:
-            tick: Tick | None = None
+            ticks: list[Tick] = []
             if rows or sent > applied:
                 if not conn.poll(0.1):
                     continue
-                tick = conn.recv()
-                applied, rows = tick.applied, tick.rows
-                if tick.error:  # the child dropped its batches (it sends nothing finished with an error)
-                    self._fail_running(NmtError(ErrorKind.INTERNAL, tick.error))
+                while not ticks or conn.poll():  # every tick there is: the cycle sees the child as it is
+                    ticks.append(conn.recv())
+                    applied, rows = ticks[-1].applied, ticks[-1].rows
+                    if ticks[-1].error:  # the child dropped its batches (and sent nothing finished)
+                        self._fail_running(NmtError(ErrorKind.INTERNAL, ticks[-1].error))
             elif not self.process.is_alive():  # died idle: what is queued waits for the next child
                 raise EOFError("exited while idle")
             with self._lock:
-                for key, _ in tick.finished if tick else ():  # first: their rows are free for this cycle
+                for key, _ in (f for tick in ticks for f in tick.finished):  # first: their rows are free
                     self.state.finish(key)
                 now, cycle = self._next_cycle()
                 stream = tuple(self.state.running[key].stream for key, _ in cycle.add)
                 new_weights = self.state.lane_weights()
                 wake_at = None if rows or cycle.add else self.state.next_wake(now)
                 self._observe_queue()
+            for tick in ticks:  # first: the finished texts' answers need not wait for an encoder run
+                self._report(tick)
             if cycle.add or cycle.remove or new_weights != weights:
                 weights = new_weights
-                conn.send(Change(cycle.remove, cycle.add, cycle.lanes, stream, weights))
+                encoded = self._encode(cycle) if cycle.add and self._encodes else None
+                conn.send(Change(cycle.remove, cycle.add, cycle.lanes, stream, weights, encoded))
                 sent += 1
             for waited in cycle.waited:
                 self._metrics.queue_wait.observe(waited)
-            if tick is not None:
-                self._report(tick)
             if not rows and sent == applied:
                 self._wake.wait(None if wake_at is None else max(0.0, wake_at - now))
+
+    def _encode(self, cycle: Cycle) -> dict[str, Any] | None:
+        """The cycle's texts encoded here, by lane, while the child runs its next step; None (the
+        child encodes them, and reports a failure as in process) if encoding fails here."""
+        encoded = {}
+        try:
+            for lane, items in by_lane(cycle).items():
+                with self._metrics.encode_duration.time():
+                    encoded[lane] = self._engine.encode(items)
+        except Exception:
+            log.exception("%s: encoding in the server process failed; the engine process encodes",
+                          self._model_label)
+            return None
+        return encoded
 
     def _report(self, tick: Tick) -> None:
         for name, value in tick.observed:
