@@ -61,8 +61,8 @@ class Model:
 
 
 def make_engine(config: ServeConfig, d: VersionDir, *, models: int = 1) -> Engine:
-    """The engine of one model version directory (checksums verified; in a ``<name>/<version>/``
-    directory, the manifest must name that model and version), one of ``models`` served at once."""
+    """The engine of one model version directory (checksums verified; in ``<name>/<version>/`` the
+    manifest must name them), one of ``models``; with ``--engine-process on`` without steps (the child's)."""
     from service.decoding.engine import Engine as OnnxEngine
     from service.decoding.sessions import global_pools
 
@@ -79,7 +79,7 @@ def make_engine(config: ServeConfig, d: VersionDir, *, models: int = 1) -> Engin
              if shared or global_pools() else threads or "ONNX Runtime's default (one per core)")
     engine = OnnxEngine(manifest, precision=precision, provider=config.provider.value, intra_op_threads=threads,
                         limits=config.limits, decoder_spinning=config.decoder_spinning, int8_form=config.int8_form,
-                        shortlist=config.shortlist, shared_pool=shared)
+                        shortlist=config.shortlist, shared_pool=shared, steps=not config.engine_process)
     log.info("%s/%s: int8 form %s (%s); shortlist %s (%s)", manifest.name, manifest.version,
              engine.int8_form or "-", engine.runtime.int8_form_reason, "on" if engine.shortlist else "off",
              engine.shortlist_reason)

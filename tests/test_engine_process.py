@@ -16,6 +16,7 @@ import threading
 import time
 
 import grpc
+import numpy as np
 import pytest
 
 from harness import LONG_DIGITS, ServerThread, config_for, wait_until
@@ -101,12 +102,32 @@ def test_encoded_texts_cross_a_pickle_and_join_as_if_added(reversal_engine: Engi
     assert len(results[0]) == len(texts) and results[0] == results[1]
 
 
+@pytest.mark.parametrize("precision", ["fp32", "int8"])
+def test_an_engine_without_steps_encodes_and_checks_as_the_whole_one(reversal_repository, precision: str) -> None:
+    from service.models.manifest import DECODER_INPUTS, DECODER_OUTPUTS
+
+    whole = Engine(reversal_repository, precision=precision)
+    light = Engine(reversal_repository, precision=precision, steps=False)
+    assert light.runtime.decoder is None and light.int8_form == whole.int8_form
+    with pytest.raises(RuntimeError, match="no decoder-step sessions"):
+        light.new_batch()
+    items = [((0, i), whole.prepare_text(t, DecodingOptions(), i)) for i, t in enumerate(["1 2 3", "4 5 6 7 8 9"])]
+    for a, b in zip(whole.encode(items).outputs, light.encode(items).outputs):
+        assert all(np.array_equal(x, y) for x, y in zip(a, b))
+    shapes, light_shapes = whole.graph_shapes(), light.graph_shapes()
+    assert light_shapes["encoder"] == shapes["encoder"]
+    both = set(shapes["decoder_step"]) & set(light_shapes["decoder_step"])
+    assert set(DECODER_OUTPUTS) <= both and {"state", "annotations", "keys"} <= both
+    assert {n: light_shapes["decoder_step"][n] for n in both} == {n: shapes["decoder_step"][n] for n in both}
+
+
 def test_the_server_process_encodes_and_the_child_when_it_cannot(process_server: ServerThread,
                                                                   reversal_engine: Engine, monkeypatch,
                                                                   caplog) -> None:
     sched = child_of(process_server)
     assert sched._encodes  # the child took this process's int8 form ("": fp32 graphs)
     engine, calls = sched._engine, []
+    assert engine.runtime.decoder is None  # this process only encodes: no step sessions held twice
     encode = engine.encode
     monkeypatch.setattr(engine, "encode", lambda items: calls.append(len(items)) or encode(items))
     texts = ["4 4 1", "7 3 9 9 2", "5"]

@@ -38,7 +38,7 @@ class Engine:
                  limits: Limits = Limits(), decoder_spinning: bool = True,
                  int8_form: FormChoice = FormChoice.AUTO,
                  shortlist: ShortlistChoice = ShortlistChoice.OFF, packed_attention: bool = True,
-                 shared_pool: bool = False) -> None:
+                 shared_pool: bool = False, steps: bool = True) -> None:
         if precision not in PRECISIONS:
             raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
         if provider not in PROVIDERS:
@@ -55,13 +55,14 @@ class Engine:
         self.runtime = Runtime(manifest, precision=precision, provider=provider,
                                intra_op_threads=intra_op_threads, decoder_spinning=decoder_spinning,
                                int8_form=int8_form, shortlist=lists, packed_attention=packed_attention,
-                               shared_pool=shared_pool)
+                               shared_pool=shared_pool, steps=steps)
         self.max_source_tokens = min(limits.max_source_tokens, manifest.max_source_tokens)
         self.construction = dict(precision=precision, provider=provider, intra_op_threads=intra_op_threads,
                                  limits=limits, decoder_spinning=decoder_spinning, int8_form=int8_form,
                                  shortlist=shortlist, packed_attention=packed_attention, shared_pool=shared_pool)
-        """How it was made: another process builds the same engine from this and the manifest's root
-        (``service.scheduling.remote``)."""
+        """How it was made: another process builds the same engine, with its decoder steps, from
+        this and the manifest's root (``service.scheduling.remote``; ``steps=False``: this
+        process only tokenizes, encodes and renders for that one)."""
 
     def prepare_text(self, text: str, options: DecodingOptions, index: int) -> Prepared:
         """Tokenize one text of a validated request, with placeholder protection.
@@ -90,12 +91,13 @@ class Engine:
     def graph_shapes(self) -> dict[str, dict[str, list[int | str | None]]]:
         """Each graph's inputs and outputs as loaded, name -> shape (sizes and axis names), for
         the check against the manifest's model config (``service.app.check_engine``)."""
-        sessions = {"encoder": self.runtime.encoder, "decoder_step": self.runtime.decoder}
-        return {graph: {a.name: list(a.shape) for a in [*s.get_inputs(), *s.get_outputs()]}
-                for graph, s in sessions.items()}
+        return self.runtime.graph_shapes()
 
     def new_batch(self) -> Batch:
         """An empty running batch on this engine's sessions."""
+        if not self.runtime.steps:
+            raise RuntimeError("this engine has no decoder-step sessions (steps=False): it encodes "
+                               "for the batches of an engine process")
         return Batch(self.runtime, special=self.special, vocab_size=self.vocab_size)
 
     def encode(self, items: Sequence[tuple[Key, Prepared]]) -> Encoded:

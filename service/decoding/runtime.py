@@ -66,25 +66,27 @@ class Runtime:
     def __init__(self, manifest: Manifest, *, precision: str, provider: str,
                  intra_op_threads: int | None, decoder_spinning: bool = True,
                  int8_form: FormChoice = FormChoice.AUTO, shortlist: Shortlist | None = None,
-                 packed_attention: bool = True, shared_pool: bool = False) -> None:
+                 packed_attention: bool = True, shared_pool: bool = False, steps: bool = True) -> None:
+        """``steps=False``: the encoder alone (no decoder-step sessions; ``decoder`` is None), for
+        a process that encodes for another one's batches (``--engine-process on``)."""
         if precision not in manifest.graphs:
             raise ModelRepositoryError(f"{manifest.root}: no {precision!r} graphs "
                                        f"(the manifest has {sorted(manifest.graphs)})")
         providers = _check_provider(provider)
         graphs = manifest.graphs[precision]
-        self.provider = provider
-        paths = (str(manifest.path(graphs.encoder)), str(manifest.path(graphs.decoder_step)))
+        self.provider, self.steps = provider, steps
+        paths = self._paths = (str(manifest.path(graphs.encoder)), str(manifest.path(graphs.decoder_step)))
 
         # shared_pool: both sessions run on ONNX Runtime's global pool (one thread per core, spinning)
         # instead of a pool each, where the encoder's could not spin without competing with the decoder's
         encoder_options = _session_options(intra_op_threads, shared=shared_pool)
         step_options = _session_options(intra_op_threads, spinning=decoder_spinning, shared=shared_pool)
 
-        def load(models: tuple[bytes | None, bytes | None]) -> tuple[ort.InferenceSession, ...]:
+        def load(models: tuple[bytes | None, bytes | None]) -> tuple[ort.InferenceSession, Any]:
             return (_load_session(paths[0], encoder_options, providers, ENCODER_INPUTS, ENCODER_OUTPUTS,
                                   model=models[0]),
                     _load_session(paths[1], step_options, providers, DECODER_INPUTS, DECODER_OUTPUTS,
-                                  model=models[1]))
+                                  model=models[1]) if steps else None)
 
         self.encoder, self.decoder = load((None, None))
         # the int8 products' form (service.decoding.int8_form); CUDA and fp32 run the graphs as shipped
@@ -94,12 +96,12 @@ class Runtime:
         if precision == "int8" and provider == "cpu":
             self.int8_form, self.int8_form_reason = self._choose_form(paths, load, int8_form)
         self._padded: ort.InferenceSession | None = None  # with packed attention: the padded step beside it
-        if precision == "int8" and provider == "cpu" and packed_attention:
+        if precision == "int8" and provider == "cpu" and packed_attention and steps:
             self._pack(paths[1], step_options, providers)
-        self.shortlist: Shortlist | None = None
-        if shortlist is not None:
+        self.shortlist: Shortlist | None = shortlist  # the texts' candidates (``encode``'s callers)
+        if shortlist is not None and steps:
             self._use_shortlist(paths[1], shortlist, options=step_options, providers=providers)
-        if provider == "cuda" and PROVIDERS["cuda"] not in self.decoder.get_providers():
+        if provider == "cuda" and PROVIDERS["cuda"] not in self.encoder.get_providers():
             raise ProviderUnavailableError(
                 "provider 'cuda' requested but ONNX Runtime could not start it "
                 "(no GPU visible, or CUDA/cuDNN libraries missing)")
@@ -112,14 +114,15 @@ class Runtime:
         if form is Int8Form.U8U8:
             return form, why
         try:
-            graphs = [onnx.load(p) for p in paths]
-            encoder_bytes, decoder_bytes = (int8_form.to_s8(g)[0].SerializeToString() for g in graphs)
-            encoder, decoder = load((encoder_bytes, decoder_bytes))
+            graphs = [onnx.load(p) for p in paths[: 2 if self.steps else 1]]
+            converted = [int8_form.to_s8(g)[0].SerializeToString() for g in graphs]
+            encoder, decoder = load((converted[0], converted[1] if self.steps else None))
             feed = int8_form.encoder_feed(batch=KNOWN_ANSWER_ROWS, src_len=KNOWN_ANSWER_SRC_LEN,
                                           vocab_size=int8_form.source_vocabulary(graphs[0]),
                                           eos=KNOWN_ANSWER_EOS)
-            problem = (int8_form.known_answer(_runner(self.encoder), _runner(encoder), feed)
-                       or int8_form.known_answer(_runner(self.decoder), _runner(decoder), self._step_feed()))
+            problem = int8_form.known_answer(_runner(self.encoder), _runner(encoder), feed)
+            if problem is None and self.steps:
+                problem = int8_form.known_answer(_runner(self.decoder), _runner(decoder), self._step_feed())
         except (ValueError, ModelRepositoryError) as e:  # a graph the conversion does not know
             problem = f"conversion failed: {e}"
         if problem is not None:
@@ -127,7 +130,7 @@ class Runtime:
                                   "known-answer batch (%s); serving u8u8", why, problem)
             return Int8Form.U8U8, f"u8s8 failed the known-answer check ({problem})"
         self.encoder, self.decoder = encoder, decoder
-        self._step_model = onnx.ModelProto.FromString(decoder_bytes)
+        self._step_model = onnx.ModelProto.FromString(converted[1]) if self.steps else None
         return form, why
 
     def _pack(self, path: str, options: ort.SessionOptions, providers: list[Any]) -> None:
@@ -172,6 +175,19 @@ class Runtime:
         return int8_form.step_feed(rows=KNOWN_ANSWER_ROWS, src_len=KNOWN_ANSWER_SRC_LEN,
                                    state_size=shapes["state"][1], ctx_size=shapes["annotations"][2],
                                    key_size=shapes["keys"][2], vocab_size=shapes["log_probs"][1])
+
+    def graph_shapes(self) -> dict[str, dict[str, list[int | str | None]]]:
+        """Each graph's inputs and outputs, name -> shape (sizes and axis names): as its session
+        has them, or, for a step without sessions (``steps=False``), as its file declares them."""
+        shapes = {"encoder": _shapes(self.encoder.get_inputs() + self.encoder.get_outputs())}
+        if self.decoder is not None:
+            shapes["decoder_step"] = _shapes(self.decoder.get_inputs() + self.decoder.get_outputs())
+        else:
+            graph = onnx.load(self._paths[1], load_external_data=False).graph
+            shapes["decoder_step"] = {
+                v.name: [d.dim_value if d.HasField("dim_value") else (d.dim_param or None)
+                         for d in v.type.tensor_type.shape.dim] for v in [*graph.input, *graph.output]}
+        return shapes
 
     def encode(self, src_ids: np.ndarray, src_lengths: np.ndarray) -> EncoderOutput:
         """src_ids (batch, src_len) int64, src_lengths (batch,) int64."""
@@ -261,6 +277,10 @@ def _step_feed(prev_tokens: np.ndarray, state: Any, context: Context, k: int) ->
     feed = {"prev_tokens": prev_tokens, "state": state, "annotations": context.annotations,
             "keys": context.keys, "k": np.array(k, dtype=np.int64)}
     return {**feed, "src_mask": context.src_mask} if context.packed is None else {**feed, **context.packed}
+
+
+def _shapes(args: list[Any]) -> dict[str, list[int | str | None]]:
+    return {a.name: list(a.shape) for a in args}
 
 
 def _rows(state: Any) -> int:
