@@ -75,8 +75,10 @@ def test_answers_are_the_engine_alones(process_server: ServerThread, reversal_en
     assert child is not None and child.is_alive() and child.pid != os.getpid()
     rng = random.Random(11)
     texts = [" ".join(str(rng.randrange(10)) for _ in range(rng.randint(2, 12))) for _ in range(60)]
+    bulk = process_server.api.Translate.future(pb.TranslateRequest(texts=texts[:16]), timeout=120)  # its own lane
     calls = [process_server.api.Translate.future(pb.TranslateRequest(texts=[t]), timeout=120) for t in texts]
     assert [c.result().translations[0].hypotheses[0].text for c in calls] == best(reversal_engine, texts)
+    assert [t.hypotheses[0].text for t in bulk.result().translations] == best(reversal_engine, texts[:16])
     options = pb.DecodingOptions(beam_size=4, num_hypotheses=3, return_attention=True)
     reply = process_server.api.Translate(pb.TranslateRequest(texts=["1 2 3 4", "9 8"], options=options), timeout=60)
     want = reversal_engine.translate(["1 2 3 4", "9 8"], DecodingOptions(beam_size=4, num_hypotheses=3))
