@@ -6,8 +6,8 @@ of threads. Here each model's batches and decoder steps live in a child process
 Runtime's threads), and the server process keeps everything else: the requests,
 ``SchedulerState``'s admission and fairness, deadlines, the encoder runs, rendering, metrics.
 Measured on 2 cores (``docs/serving.md``): one intra-op thread for the child, the other core
-for the server process; 1.14x texts/s at one text per call and 1.20x at eight against in
-process, on 1.70 and 1.73 cores against 1.85 and 1.93; idle latency 1.3x.
+for the server process; 1.25x texts/s at one text per call and 1.31x at eight against in
+process, on 1.68 and 1.74 cores against 1.85 and 1.93; idle latency 1.3x.
 
 ``ProcessScheduler`` is ``Scheduler`` with its engine thread replaced by a *driver* thread that
 speaks to the child through one pipe. The child never waits for the server while it has rows:
