@@ -98,7 +98,7 @@ class Runtime:
         self._padded: ort.InferenceSession | None = None  # with packed attention: the padded step beside it
         if precision == "int8" and provider == "cpu" and packed_attention and steps:
             self._pack(paths[1], step_options, providers)
-        self.shortlist: Shortlist | None = shortlist  # the texts' candidates (``encode``'s callers)
+        self.shortlist: Shortlist | None = shortlist  # the texts' candidates; with steps, its sessions
         if shortlist is not None and steps:
             self._use_shortlist(paths[1], shortlist, options=step_options, providers=providers)
         if provider == "cuda" and PROVIDERS["cuda"] not in self.encoder.get_providers():
@@ -168,7 +168,6 @@ class Runtime:
                                 model=graph.SerializeToString())
             for kind, graph, extra in ((True, gathered, SHORTLIST_INPUTS),
                                        (False, masked, {"row_bias": ["rows", "vocab_size"]}))}
-        self.shortlist = shortlist
 
     def _step_feed(self) -> dict[str, np.ndarray]:
         shapes = {a.name: a.shape for a in [*self.decoder.get_inputs(), *self.decoder.get_outputs()]}
