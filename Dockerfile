@@ -37,7 +37,15 @@ RUN if ! command -v python3 >/dev/null; then \
  && python3 -m venv /opt/venv
 ENV PATH=/opt/venv/bin:$PATH
 WORKDIR /src
-COPY pyproject.toml README.md* ./
+# setup.py compiles the fused attention kernel (service/decoding/attention.c): a C compiler and
+# Python's headers in this stage only (the serve stage gets the built module, no compiler).
+# hadolint ignore=DL3008
+RUN need=""; command -v cc >/dev/null || need="gcc libc6-dev"; \
+    [ -f "$(python3 -c 'import sysconfig; print(sysconfig.get_paths()["include"])')/Python.h" ] || need="$need python3-dev"; \
+    if [ -n "$need" ]; then \
+        apt-get update && apt-get install -y --no-install-recommends $need && rm -rf /var/lib/apt/lists/*; \
+    fi
+COPY pyproject.toml setup.py README.md* ./
 COPY service/ service/
 # Both ONNX Runtime wheels install the `onnxruntime` module: the GPU one must be
 # the only one. The checks run isolated (-I) so /src/service cannot stand in for the
@@ -49,6 +57,7 @@ RUN pip install --no-cache-dir . \
     fi \
  && python -I -c "import importlib.util as u, sys; sys.exit(any(u.find_spec(m) for m in ('torch', 'export')))" \
  && python -I -c "import service.api.grpc_server, onnxruntime; print('onnxruntime', onnxruntime.__version__)" \
+ && python -I -c "from service.decoding import _attention" \
  && python -I -c "from service.api.http_server import WEB; assert (WEB / 'index.html').is_file(), WEB" \
  && pip uninstall -y pip setuptools
 # A model repository: one version directory (<name>/<version>/, with its

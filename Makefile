@@ -115,13 +115,15 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 
-# serving only: no torch
-$(VENV)/.serve: pyproject.toml | $(BIN)/python
+# serving only: no torch. setup.py compiles the fused attention kernel (service/decoding/attention.c)
+# where a C compiler is found; without one the service runs the step on ONNX Runtime's operators.
+NATIVE := setup.py service/decoding/attention.c
+$(VENV)/.serve: pyproject.toml $(NATIVE) | $(BIN)/python
 	$(BIN)/pip install -q -e .
 	touch $@
 
 # everything the tests and the offline pipeline need
-$(VENV)/.dev: pyproject.toml | $(BIN)/python
+$(VENV)/.dev: pyproject.toml $(NATIVE) | $(BIN)/python
 	$(BIN)/pip install -q $(TORCH)
 	$(BIN)/pip install -q -e '.[export,loadtest,dev]'
 	touch $@ $(VENV)/.serve

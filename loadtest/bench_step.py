@@ -85,8 +85,7 @@ def profiles(engines: dict, served: onnx.ModelProto, texts: list[str], args: arg
     rows = args.profile
     batch = texts[: rows // args.beam]
     feed, _ = sg.step_feed(engines["full"], batch, beam=args.beam)
-    graph = sg.served_step_graph(engines["full"], feed)  # packed or padded, as served for this layout
-    out = {"step": sg.profile_ops(graph.SerializeToString(), feed, threads=args.threads)}
+    out = {"step": sg.profile_served(engines["full"], feed, threads=args.threads)}  # as served for this layout
     if "shortlist" in engines:
         feed_s, candidates = sg.step_feed(engines["shortlist"], batch, beam=args.beam)
         graph = shortlist_graph(served, gather=candidates.gathered)[0]

@@ -79,10 +79,11 @@ def make_engine(config: ServeConfig, d: VersionDir, *, models: int = 1) -> Engin
              if shared or global_pools() else threads or "ONNX Runtime's default (one per core)")
     engine = OnnxEngine(manifest, precision=precision, provider=config.provider.value, intra_op_threads=threads,
                         limits=config.limits, decoder_spinning=config.decoder_spinning, int8_form=config.int8_form,
-                        shortlist=config.shortlist, shared_pool=shared, steps=not config.engine_process)
-    log.info("%s/%s: int8 form %s (%s); shortlist %s (%s)", manifest.name, manifest.version,
+                        shortlist=config.shortlist, shared_pool=shared, steps=not config.engine_process,
+                        fused_attention=config.fused_attention)
+    log.info("%s/%s: int8 form %s (%s); shortlist %s (%s); attention %s", manifest.name, manifest.version,
              engine.int8_form or "-", engine.runtime.int8_form_reason, "on" if engine.shortlist else "off",
-             engine.shortlist_reason)
+             engine.shortlist_reason, engine.runtime.attention_form if engine.runtime.steps else "in the child")
     check_engine(engine, precision)
     return engine
 
@@ -283,8 +284,7 @@ class ServedModels:
             model.scheduler.start()
         self.metrics.set_model(name=model.manifest.name, version=model.manifest.version,
                                sha256=model.manifest.sha256, provider=self.config.provider.value,
-                               precision=model.engine.precision,
-                               int8_form=getattr(model.engine, "int8_form", ""))
+                               precision=model.engine.precision, int8_form=getattr(model.engine, "int8_form", ""))
 
     async def _warm(self, model: Model) -> None:
         """One translation; refused if it comes back empty (a tokenizer that does not fit)."""

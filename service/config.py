@@ -98,6 +98,7 @@ class ServeConfig:
     trust_client_id: bool = False  # fairness: the x-client-id header names the client (else token / peer)
     fairness: bool = True  # rows shared between clients (off: one arrival-ordered queue)
     engine_process: bool = False  # batches decode in a child process per model (service.scheduling.remote)
+    fused_attention: bool = True  # the int8 step's attention by the compiled kernel (service.decoding.fused)
 
 
 SMALL_REQUEST_ROWS = 8
@@ -179,9 +180,9 @@ FLAGS: list[tuple[str, Callable[[str], object], object, str]] = [
      "decoder-step pool threads spin between operators (faster steps; off frees CPU between steps)"),
     ("--engine-process", _choice(Switch), Switch.OFF, "on: each model's batches decode in a process of its "
      "own (no GIL shared with gRPC; with --threads 0, a core is left to the server process; docs/serving.md)"),
+    ("--fused-attention", _choice(Switch), Switch.ON, "int8 step attention by our compiled kernel (off: ONNX Runtime's)"),
     ("--max-rows", _int_at_least(1), _DEFAULTS.max_rows, "decoder rows per step"),
-    ("--max-tokens", _int_at_least(1), _DEFAULTS.max_tokens,
-     "rows x padded source length of the running batch"),
+    ("--max-tokens", _int_at_least(1), _DEFAULTS.max_tokens, "rows x padded source length of the running batch"),
     ("--max-wait-ms", _seconds, _DEFAULTS.max_wait * 1000, "how long texts that arrive while a batch decodes wait "
      "for others to share their encoder run (an idle batch starts at once under step-level batching; "
      "request-level: how long a new batch waits to fill)"),
@@ -278,7 +279,7 @@ def parse(argv: list[str], env: Mapping[str, str] | None = None) -> ServeConfig:
         http_limits=HttpLimits(header_timeout=args.http_header_timeout, idle_timeout=args.http_idle_timeout,
                                max_connections=args.http_max_connections),
         trust_client_id=args.trust_client_id is Switch.ON, fairness=args.fairness is Switch.ON,
-        engine_process=args.engine_process is Switch.ON)
+        engine_process=args.engine_process is Switch.ON, fused_attention=args.fused_attention is Switch.ON)
 
 
 def _path(text: str) -> Path | None:
@@ -296,5 +297,4 @@ def security(args: argparse.Namespace) -> SecurityConfig:
     if ca is not None and cert is None:
         raise ConfigError("--tls-client-ca-file needs --tls-cert-file and --tls-key-file")
     return SecurityConfig(tls_cert_file=cert, tls_key_file=key, tls_client_ca_file=ca,
-                          auth_token_file=_path(args.auth_token_file),
-                          reflection=args.reflection is Switch.ON)
+                          auth_token_file=_path(args.auth_token_file), reflection=args.reflection is Switch.ON)

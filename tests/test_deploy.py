@@ -81,7 +81,7 @@ def test_dockerfile_serves_as_a_non_root_user_with_health_ports_and_drain() -> N
     assert re.search(r"^EXPOSE 50051 9464 8080$", text, re.M)  # gRPC, metrics, HTTP/JSON and the page
     assert re.search(r"^HEALTHCHECK .*\n\s+CMD \[\"python\", \"/opt/nmt/healthcheck.py\"\]", text, re.M)
     copied = re.findall(r"^COPY (?!--from)(.+) \S+$", text, re.M)
-    assert " ".join(copied).split() == ["pyproject.toml", "README.md*", "service/",
+    assert " ".join(copied).split() == ["pyproject.toml", "setup.py", "README.md*", "service/",
                                         "${MODEL_REPOSITORY}/", "deploy/healthcheck.py"]
     env = nmt_env(dockerfile_env())
     assert env["NMT_PORT"] == str(GRPC_PORT) and env["NMT_METRICS_PORT"] == str(METRICS_PORT)
@@ -112,7 +112,8 @@ def test_build_context_holds_the_serving_files_only(tmp_path: Path) -> None:
                    if subprocess.run([p, "-c", "import docker"], capture_output=True).returncode == 0), None)
     if python is None:
         pytest.skip("docker-py not installed (Debian python3-docker, with docker-compose)")
-    files = ["pyproject.toml", "README.md", "service/server.py", "service/__pycache__/server.cpython-311.pyc",
+    files = ["pyproject.toml", "setup.py", "README.md", "service/server.py", "service/__pycache__/server.cpython-311.pyc",
+             "service/decoding/_attention.cpython-311-x86_64-linux-gnu.so",
              "models/en-fr/1/manifest.json", "models/en-fr/1/encoder.onnx", "models/en-fr/checkpoint.pt",
              "models/en-fr/1/checkpoint_best.pt", "deploy/healthcheck.py", "deploy/k8s/base/hpa.yaml",
              ".venv/bin/python", "build/train/best.pt", "tests/test_server.py", "export/model.py",
@@ -123,7 +124,7 @@ def test_build_context_holds_the_serving_files_only(tmp_path: Path) -> None:
     out = subprocess.run([python, "-c", script, str(tmp_path), str(ROOT / ".dockerignore")],
                          capture_output=True, text=True, timeout=60, check=True)
     kept = {name for name in json.loads(out.stdout) if (tmp_path / name).is_file()}
-    assert kept == {"pyproject.toml", "README.md", "service/server.py",
+    assert kept == {"pyproject.toml", "setup.py", "README.md", "service/server.py",
                                            "models/en-fr/1/manifest.json", "models/en-fr/1/encoder.onnx",
                                            "deploy/healthcheck.py"}
 

@@ -85,7 +85,7 @@ def test_the_packed_step_gives_the_padded_steps_bits(reversal_repository: Path, 
 def test_the_engine_serves_packed_and_translates_as_the_padded_step(reversal_repository: Path) -> None:
     texts = ["1 2 3", "9 8 7 6 5 4 3 2 1 0 1 2 3 4 5 6 7 8 9", "4", "5 5 5 5 5 5 5"]
     padded = Engine(reversal_repository, precision="int8", intra_op_threads=1, packed_attention=False)
-    served = Engine(reversal_repository, precision="int8", intra_op_threads=1)
+    served = Engine(reversal_repository, precision="int8", intra_op_threads=1, fused_attention=False)
     assert served.runtime.packed and not padded.runtime.packed
     assert "src_mask" not in {i.name for i in served.runtime.decoder.get_inputs()}
     for options in (DecodingOptions(), DecodingOptions(beam_size=4, num_hypotheses=2, return_attention=True)):
@@ -108,7 +108,7 @@ def test_a_failed_known_answer_check_keeps_the_padded_step_with_one_log_line(
         reversal_repository: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
     monkeypatch.setattr(packed, "same_bits", lambda *args: "output 0 differs (max |diff| 1)")
     with caplog.at_level(logging.WARNING, logger="nmt.packed"):
-        engine = Engine(reversal_repository, precision="int8", intra_op_threads=1)
+        engine = Engine(reversal_repository, precision="int8", intra_op_threads=1, fused_attention=False)
     assert not engine.runtime.packed
     assert "src_mask" in {i.name for i in engine.runtime.decoder.get_inputs()}
     assert [r.message for r in caplog.records if r.name == "nmt.packed"] == [
@@ -175,7 +175,7 @@ def test_the_packed_step_serves_only_where_padding_is_skipped(reversal_repositor
     (``packed.PACKED_SHARE_MAX``); a batch that moves between the two keeps its texts' bits."""
     assert packed.pays(np.array([3, 20, 2, 4]), 24)  # runs of 4, 20, 4, 4: 32 of 96 positions
     assert not packed.pays(np.array([8, 8, 7]), 12)  # 24 of 36
-    engine = Engine(reversal_repository, precision="int8", intra_op_threads=1)
+    engine = Engine(reversal_repository, precision="int8", intra_op_threads=1, fused_attention=False)
     padded = Engine(reversal_repository, precision="int8", intra_op_threads=1, packed_attention=False)
 
     def context(texts: list[str]):

@@ -18,14 +18,15 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 
-from service.decoding import int8_form, packed
+from service.decoding import fused, int8_form, packed
 from service.decoding.int8_form import FormChoice, Int8Form
 from service.decoding.shortlist import INPUTS as SHORTLIST_TYPES
 from service.decoding.shortlist import Candidates, Shortlist, shortlist_graph
 
 from service.decoding.sessions import (CUDA_DEVICE_ID, CUDA_OPTIONS, PROVIDERS, _check_provider,  # noqa: F401
-                                      _load_session, _session_options, provider_list)
+                                      _load_session, _session_options, provider_list, run_bound)
 from service.errors import ModelRepositoryError, ProviderUnavailableError
+from service.process import cores
 from service.models.manifest import (DECODER_INPUTS, DECODER_OUTPUTS, ENCODER_INPUTS, ENCODER_OUTPUTS,
                               Manifest)
 
@@ -66,9 +67,12 @@ class Runtime:
     def __init__(self, manifest: Manifest, *, precision: str, provider: str,
                  intra_op_threads: int | None, decoder_spinning: bool = True,
                  int8_form: FormChoice = FormChoice.AUTO, shortlist: Shortlist | None = None,
-                 packed_attention: bool = True, shared_pool: bool = False, steps: bool = True) -> None:
+                 packed_attention: bool = True, shared_pool: bool = False, steps: bool = True,
+                 fused_attention: bool = True) -> None:
         """``steps=False``: the encoder alone (no decoder-step sessions; ``decoder`` is None), for
-        a process that encodes for another one's batches (``--engine-process on``)."""
+        a process that encodes for another one's batches (``--engine-process on``).
+        ``fused_attention``: the int8 step's attention by the compiled kernel (``service.decoding.fused``)
+        where it loads and passes its check; packed attention is the form without it."""
         if precision not in manifest.graphs:
             raise ModelRepositoryError(f"{manifest.root}: no {precision!r} graphs "
                                        f"(the manifest has {sorted(manifest.graphs)})")
@@ -96,7 +100,14 @@ class Runtime:
         if precision == "int8" and provider == "cpu":
             self.int8_form, self.int8_form_reason = self._choose_form(paths, load, int8_form)
         self._padded: ort.InferenceSession | None = None  # with packed attention: the padded step beside it
-        if precision == "int8" and provider == "cpu" and packed_attention and steps:
+        self._fused: fused.FusedStep | None = None
+        int8_cpu_steps = precision == "int8" and provider == "cpu" and steps
+        if int8_cpu_steps and fused_attention:
+            self._fused = fused.load(self._step_graph(paths[1]), lambda model: ort.InferenceSession(
+                model, sess_options=step_options, providers=providers), lambda feed: self.decoder.run(
+                list(DECODER_OUTPUTS), dict(feed)), self._step_feed(), list(DECODER_OUTPUTS),
+                threads=intra_op_threads if intra_op_threads and not shared_pool else cores()[0])
+        if int8_cpu_steps and packed_attention and self._fused is None:
             self._pack(paths[1], step_options, providers)
         self.shortlist: Shortlist | None = shortlist  # the texts' candidates; with steps, its sessions
         if shortlist is not None and steps:
@@ -144,6 +155,11 @@ class Runtime:
             self.decoder, self._step_model = found
 
     @property
+    def attention_form(self) -> str:
+        """How the step computes its attention: fused (the kernel), packed, or padded (the graph's)."""
+        return "fused" if self._fused is not None else "packed" if self.packed else "padded"
+
+    @property
     def packed(self) -> bool:
         """Packed attention (``service.decoding.packed``): ``decoder`` is the packed step."""
         return self._padded is not None
@@ -162,6 +178,9 @@ class Runtime:
             masked = shortlist_graph(step, gather=False, layer=False)[0]
         except ValueError as e:
             raise ModelRepositoryError(f"{path}: no shortlist for this graph ({e})") from None
+        if self._fused is not None:  # the same cut as the checked step's (ValueError: a bug, not a model's fault)
+            self._step_sessions = {True: self._fused.like(gathered), False: self._fused.like(masked)}
+            return
         inputs = packed.step_inputs(DECODER_INPUTS) if self.packed else DECODER_INPUTS
         self._step_sessions = {
             kind: _load_session(path, options, providers, {**inputs, **extra}, DECODER_OUTPUTS,
@@ -242,28 +261,20 @@ class Runtime:
         outputs = session.run(list(DECODER_OUTPUTS), _step_feed(prev_tokens, state, context, k))
         return dict(zip(DECODER_OUTPUTS, outputs))
 
-    def step_session(self, packed_feed: bool, candidates: Candidates | None = None) -> ort.InferenceSession:
+    def step_session(self, packed_feed: bool, candidates: Candidates | None = None) -> Any:
         """The step session for a context with (``packed_feed``) or without packed indices."""
         if candidates is not None:
             return self._step_sessions[candidates.gathered]
+        if self._fused is not None:
+            return self._fused
         return self._padded if self._padded is not None and not packed_feed else self.decoder
 
     def _step_bound(self, session: ort.InferenceSession, prev_tokens: np.ndarray, state: Any,
                     context: Context, k: int, extra: dict[str, np.ndarray]) -> StepOutput:
-        binding = session.io_binding()
-        binding.bind_cpu_input("prev_tokens", prev_tokens)
-        for name, value in extra.items():
-            binding.bind_cpu_input(name, value)
-        binding.bind_cpu_input("k", np.array(k, dtype=np.int64))
-        binding.bind_ortvalue_input("state", state)
-        binding.bind_ortvalue_input("annotations", context.annotations)
-        binding.bind_ortvalue_input("keys", context.keys)
-        binding.bind_ortvalue_input("src_mask", context.src_mask)
-        for name in STEP_OUTPUTS:
-            binding.bind_output(name, "cuda" if name == "next_state" else "cpu",
-                                CUDA_DEVICE_ID if name == "next_state" else 0)
-        session.run_with_iobinding(binding)
-        topk_lp, topk_ids, next_state, attention = binding.get_outputs()
+        topk_lp, topk_ids, next_state, attention = run_bound(
+            session, {"prev_tokens": prev_tokens, **extra, "k": np.array(k, dtype=np.int64)},
+            {"state": state, "annotations": context.annotations, "keys": context.keys, "src_mask": context.src_mask},
+            STEP_OUTPUTS, on_device={"next_state"})
         return StepOutput(topk_log_probs=topk_lp.numpy(), topk_ids=topk_ids.numpy(),
                           attention=attention.numpy(), next_state=next_state)
 

@@ -94,3 +94,18 @@ def _load_session(path: str, options: ort.SessionOptions, providers: list[Any],
             f"{path}: graph inputs {sorted(have_in)} / outputs {sorted(have_out)} do not match "
             f"the contract {sorted(inputs)} / {sorted(outputs)}")
     return session
+
+
+def run_bound(session: ort.InferenceSession, host: dict, device: dict, outputs: list[str], *,
+              on_device: set[str]) -> list[Any]:
+    """Run ``session`` with I/O binding (CUDA): ``host`` inputs from numpy, ``device`` inputs
+    as OrtValues already there; the ``outputs`` in ``on_device`` stay on the device."""
+    binding = session.io_binding()
+    for name, value in host.items():
+        binding.bind_cpu_input(name, value)
+    for name, value in device.items():
+        binding.bind_ortvalue_input(name, value)
+    for name in outputs:
+        binding.bind_output(name, "cuda" if name in on_device else "cpu", CUDA_DEVICE_ID if name in on_device else 0)
+    session.run_with_iobinding(binding)
+    return binding.get_outputs()

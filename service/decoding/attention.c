@@ -1,0 +1,210 @@
+/* The additive attention of one decoder step, fused: scores, mask, softmax and context in one pass.
+ *
+ * For each row r with source length L = lengths[r] (columns L.. are padding):
+ *   energy[j] = v . tanh(query[r] + keys[r, j])            j < L
+ *   alpha[r, j] = softmax(energy)[j] (j < L), 0 (j >= L)
+ *   context[r] = sum_j alpha[r, j] annotations[r, j]
+ * ONNX Runtime's CPU operators make three passes over rows x src_len x A floats for the scores (add,
+ * tanh, v), score the padding, and read every padded annotation; this reads each real key and
+ * annotation once (service/decoding/fused.py; measured in docs/speed-round2.md).
+ *
+ * Each row is computed on its own, in the same order whatever the batch: the results of a row do not
+ * depend on the other rows (batch invariance, tests/test_fused_attention.py). tanh is computed as
+ * (1 - e) / (1 + e) with e = exp(-2|x|) (Cody-Waite reduction, degree-7 Taylor polynomial: absolute
+ * error about 1e-7), on GCC's generic vectors of 16 floats; target_clones compiles the loop for
+ * x86-64-v4 (AVX-512), v3 (AVX2 + FMA) and the baseline, chosen once at load for the CPU.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <string.h>
+
+#define LANES 16
+typedef float vf __attribute__((vector_size(LANES * 4)));
+typedef int32_t vi __attribute__((vector_size(LANES * 4)));
+
+static inline __attribute__((always_inline)) vf splat(float x) { return (vf){0} + x; }
+
+static inline __attribute__((always_inline)) vf tanh_v(vf x) {
+    vi sign = (vi)x & (int32_t)0x80000000;
+    vf ax = (vf)((vi)x & 0x7fffffff);
+    vi big = ax > 9.0f; /* tanh(9) is 1 in float */
+    ax = (vf)(((vi)ax & ~big) | ((vi)splat(9.0f) & big));
+    vf y = ax * -2.0f;
+    vf n = (y * 1.44269504088896341f + 12582912.0f) - 12582912.0f; /* round(y / ln 2) */
+    vf r = y - n * 0.693359375f;
+    r = r - n * -2.12194440e-4f;
+    vf p = splat(1.0f / 5040.0f);
+    p = p * r + 1.0f / 720.0f;
+    p = p * r + 1.0f / 120.0f;
+    p = p * r + 1.0f / 24.0f;
+    p = p * r + 1.0f / 6.0f;
+    p = p * r + 0.5f;
+    p = p * r + 1.0f;
+    p = p * r + 1.0f;
+    vi bits = (__builtin_convertvector(n, vi) + 127) << 23; /* 2^n */
+    vf e = p * (vf)bits;
+    vf t = (1.0f - e) / (1.0f + e);
+    return (vf)((vi)t | sign);
+}
+
+/* rows [first, last); query rows lie `query_stride` floats apart (the first A columns of the step's
+ * state product) */
+__attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+static void attend_rows(int64_t first, int64_t last, int64_t src_len, int64_t A, int64_t C, const float *query,
+                        int64_t query_stride, const float *keys, const float *annotations, const int64_t *lengths,
+                        const float *v, float *alpha, float *context) {
+    for (int64_t r = first; r < last; r++) {
+        const float *q = query + r * query_stride;
+        float *a = alpha + r * src_len;
+        int64_t L = lengths[r] < src_len ? lengths[r] : src_len;
+        float best = -INFINITY;
+        for (int64_t j = 0; j < L; j++) {
+            const float *k = keys + (r * src_len + j) * A;
+            vf acc = splat(0.0f);
+            for (int64_t d0 = 0; d0 < A; d0 += LANES) {
+                vf qv, kv, vv;
+                memcpy(&qv, q + d0, sizeof qv);
+                memcpy(&kv, k + d0, sizeof kv);
+                memcpy(&vv, v + d0, sizeof vv);
+                acc += vv * tanh_v(qv + kv);
+            }
+            float lane[LANES];
+            memcpy(lane, &acc, sizeof lane);
+            for (int w = LANES / 2; w > 0; w /= 2)
+                for (int l = 0; l < w; l++) lane[l] += lane[l + w];
+            a[j] = lane[0];
+            if (lane[0] > best) best = lane[0];
+        }
+        float sum = 0.0f;
+        for (int64_t j = 0; j < L; j++) {
+            a[j] = expf(a[j] - best);
+            sum += a[j];
+        }
+        for (int64_t j = 0; j < L; j++) a[j] /= sum;
+        for (int64_t j = L; j < src_len; j++) a[j] = 0.0f;
+        float *c = context + r * C;
+        for (int64_t i = 0; i < C; i++) c[i] = 0.0f;
+        for (int64_t j = 0; j < L; j++) {
+            const float *h = annotations + (r * src_len + j) * C;
+            float w = a[j];
+            for (int64_t i = 0; i < C; i++) c[i] += w * h[i];
+        }
+    }
+}
+
+typedef struct {
+    int64_t first, last, src_len, A, C, query_stride;
+    const float *query, *keys, *annotations, *v;
+    const int64_t *lengths;
+    float *alpha, *context;
+} Part;
+
+static void *run_part(void *arg) {
+    Part *p = arg;
+    attend_rows(p->first, p->last, p->src_len, p->A, p->C, p->query, p->query_stride, p->keys, p->annotations,
+                p->lengths, p->v, p->alpha, p->context);
+    return NULL;
+}
+
+#define MAX_THREADS 16
+#define ROWS_PER_THREAD 8 /* fewer rows a thread than this: not worth starting one */
+
+/* The rows cut into `threads` parts of about equal work (source lengths), each on a thread of its own
+ * (the caller's thread runs the first); a thread that cannot start leaves its part to the caller. */
+static void attend(Part whole, int threads) {
+    int64_t rows = whole.last, total = 0;
+    for (int64_t r = 0; r < rows; r++) total += whole.lengths[r] < whole.src_len ? whole.lengths[r] : whole.src_len;
+    if (threads > MAX_THREADS) threads = MAX_THREADS;
+    if (threads > rows / ROWS_PER_THREAD) threads = (int)(rows / ROWS_PER_THREAD);
+    if (threads < 2 || total == 0) {
+        run_part(&whole);
+        return;
+    }
+    Part parts[MAX_THREADS];
+    pthread_t ids[MAX_THREADS];
+    int started[MAX_THREADS] = {0};
+    int64_t r = 0, done = 0;
+    for (int t = 0; t < threads; t++) {
+        parts[t] = whole;
+        parts[t].first = r;
+        int64_t goal = total * (t + 1) / threads;
+        while (r < rows && (t == threads - 1 || done < goal)) {
+            done += whole.lengths[r] < whole.src_len ? whole.lengths[r] : whole.src_len;
+            r++;
+        }
+        parts[t].last = r;
+    }
+    for (int t = 1; t < threads; t++) started[t] = pthread_create(&ids[t], NULL, run_part, &parts[t]) == 0;
+    run_part(&parts[0]);
+    for (int t = 1; t < threads; t++) {
+        if (started[t]) pthread_join(ids[t], NULL);
+        else run_part(&parts[t]);
+    }
+}
+
+/* A C-contiguous buffer of `ndim` dimensions and item format `fmt` ('f' float32, 'q' int64). */
+static int get(PyObject *obj, Py_buffer *view, int ndim, char fmt, int writable, const char *name) {
+    int flags = PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | (writable ? PyBUF_WRITABLE : 0);
+    int ok = PyObject_GetBuffer(obj, view, flags) == 0;
+    if (ok) {
+        const char *f = view->format ? view->format : "B";
+        if (*f == '<' || *f == '=' || *f == '@') f++;
+        ok = view->ndim == ndim && f[0] != 0 && f[1] == 0 && view->itemsize == (fmt == 'f' ? 4 : 8) &&
+             (fmt == 'f' ? f[0] == 'f' : (f[0] == 'q' || f[0] == 'l'));
+        if (!ok) PyBuffer_Release(view);
+    }
+    if (!ok) {
+        PyErr_Clear();
+        PyErr_Format(PyExc_ValueError, "%s: a C-contiguous %s array of %d dimensions was expected, got %R", name,
+                     fmt == 'f' ? "float32" : "int64", ndim, (PyObject *)Py_TYPE(obj));
+        return -1;
+    }
+    return 0;
+}
+
+static PyObject *py_attend(PyObject *self, PyObject *args) {
+    PyObject *o[7];
+    static const char *names[7] = {"product", "keys", "annotations", "lengths", "v", "alpha", "context"};
+    static const int ndims[7] = {2, 3, 3, 1, 1, 2, 2};
+    static const char fmts[7] = {'f', 'f', 'f', 'q', 'f', 'f', 'f'};
+    int threads = 1;
+    if (!PyArg_ParseTuple(args, "OOOOOOO|i", &o[0], &o[1], &o[2], &o[3], &o[4], &o[5], &o[6], &threads)) return NULL;
+    Py_buffer b[7];
+    int got = 0;
+    for (; got < 7; got++)
+        if (get(o[got], &b[got], ndims[got], fmts[got], got >= 5, names[got]) < 0) break;
+    PyObject *result = NULL;
+    if (got == 7) {
+        Py_ssize_t rows = b[3].shape[0], src_len = b[1].shape[1], A = b[4].shape[0], C = b[2].shape[2];
+        if (b[0].shape[0] != rows || b[0].shape[1] < A || b[1].shape[0] != rows || b[1].shape[2] != A ||
+            b[2].shape[0] != rows || b[2].shape[1] != src_len || b[5].shape[0] != rows ||
+            b[5].shape[1] != src_len || b[6].shape[0] != rows || b[6].shape[1] != C || A % LANES != 0) {
+            PyErr_SetString(PyExc_ValueError, "attend: shapes do not agree (product (rows, >= A), keys (rows, "
+                            "src_len, A), annotations (rows, src_len, C), lengths (rows,), v (A,) with A a "
+                            "multiple of 16, alpha (rows, src_len), context (rows, C))");
+        } else {
+            Part whole = {0, rows, src_len, A, C, b[0].shape[1], b[0].buf, b[1].buf, b[2].buf, b[4].buf,
+                          b[3].buf, b[5].buf, b[6].buf};
+            Py_BEGIN_ALLOW_THREADS
+            attend(whole, threads);
+            Py_END_ALLOW_THREADS
+            result = Py_NewRef(Py_None);
+        }
+    }
+    for (int i = 0; i < got; i++) PyBuffer_Release(&b[i]);
+    return result;
+}
+
+static PyMethodDef methods[] = {
+    {"attend", py_attend, METH_VARARGS,
+     "attend(product, keys, annotations, lengths, v, alpha, context, threads=1): the step's additive "
+     "attention, written into alpha (rows, src_len) and context (rows, C); the query is product[:, :A]. "
+     "threads > 1: rows split between that many threads (at least 8 rows each); same results."},
+    {NULL, NULL, 0, NULL}};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_attention", NULL, -1, methods};
+
+PyMODINIT_FUNC PyInit__attention(void) { return PyModule_Create(&module); }

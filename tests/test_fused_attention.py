@@ -1,0 +1,194 @@
+"""Fused attention (``service.decoding.fused``, ``service/decoding/attention.c``): the int8 step's
+additive attention by the compiled kernel, checked against a float64 reference, against the
+graph's own operators, and for batch invariance."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from service.decoding import fused
+from service.decoding.engine import Engine
+from service.options import DecodingOptions
+
+# the kernel is built by `pip install -e .` (setup.py); a checkout installed without a C compiler
+# has none, and the service then runs on ONNX Runtime's operators (tested below with it hidden)
+_attention = pytest.importorskip("service.decoding._attention", reason="installed without a C compiler")
+
+
+def _reference(query, keys, annotations, lengths, v):
+    """The attention in float64 with numpy's tanh: (alpha, context)."""
+    rows, src_len, _ = keys.shape
+    alpha = np.zeros((rows, src_len))
+    for r, n in enumerate(lengths):
+        energy = np.tanh(query[r].astype(np.float64) + keys[r, :n]) @ v
+        e = np.exp(energy - energy.max())
+        alpha[r, :n] = e / e.sum()
+    return alpha, np.einsum("rs,rsc->rc", alpha, annotations.astype(np.float64))
+
+
+def _inputs(rng, rows, src_len, A, C, product_extra=0):
+    lengths = rng.integers(1, src_len + 1, rows).astype(np.int64)
+    product = rng.normal(0, 2, (rows, A + product_extra)).astype(np.float32)
+    keys = rng.normal(0, 2, (rows, src_len, A)).astype(np.float32)
+    annotations = rng.uniform(-1, 1, (rows, src_len, C)).astype(np.float32)
+    v = rng.normal(0, 0.3, A).astype(np.float32)
+    return product, keys, annotations, lengths, v
+
+
+def _attend(product, keys, annotations, lengths, v):
+    alpha = np.full(keys.shape[:2], np.nan, np.float32)
+    context = np.full((keys.shape[0], annotations.shape[2]), np.nan, np.float32)
+    _attention.attend(product, keys, annotations, lengths, v, alpha, context)
+    return alpha, context
+
+
+@settings(max_examples=40, deadline=None)
+@given(rows=st.integers(1, 9), src_len=st.integers(1, 13), blocks=st.integers(1, 4), C=st.integers(1, 40),
+       extra=st.integers(0, 20), seed=st.integers(0, 2**16))
+def test_kernel_matches_a_float64_reference_and_zeroes_the_padding(rows, src_len, blocks, C, extra, seed) -> None:
+    product, keys, annotations, lengths, v = _inputs(np.random.default_rng(seed), rows, src_len, 16 * blocks, C, extra)
+    alpha, context = _attend(product, keys, annotations, lengths, v)
+    want_alpha, want_context = _reference(product[:, :16 * blocks], keys, annotations, lengths, v)
+    np.testing.assert_allclose(alpha, want_alpha, atol=2e-6)
+    np.testing.assert_allclose(context, want_context, atol=1e-5)
+    padding = np.arange(src_len)[None, :] >= lengths[:, None]
+    assert np.all(alpha[padding] == 0.0)
+
+
+def test_tanh_holds_across_its_range() -> None:
+    """One row, one column, v = e_i: the energy is tanh(q_i + k_i); softmax of one column is 1, so
+    read tanh through two columns: alpha = sigmoid(2 (t0 - t1)) pins t0 - t1."""
+    x = np.linspace(-20, 20, 4001, dtype=np.float32)
+    A = 16
+    product = np.zeros((len(x), A), np.float32)
+    keys = np.zeros((len(x), 2, A), np.float32)
+    keys[:, 0, 0] = x  # column 0 scores tanh(x), column 1 scores tanh(0) = 0
+    v = np.zeros(A, np.float32)
+    v[0] = 1.0
+    alpha, _ = _attend(product, keys, np.zeros((len(x), 2, 1), np.float32), np.full(len(x), 2, np.int64), v)
+    t = np.log(alpha[:, 0].astype(np.float64) / alpha[:, 1])  # = tanh(x) - 0
+    np.testing.assert_allclose(t, np.tanh(x.astype(np.float64)), atol=1e-6)
+
+
+def test_a_row_gives_the_same_bits_alone_and_in_any_batch_or_padding() -> None:
+    rng = np.random.default_rng(3)
+    product, keys, annotations, lengths, v = _inputs(rng, 12, 20, 64, 48, 32)
+    alpha, context = _attend(product, keys, annotations, lengths, v)
+    for r in (0, 5, 11):
+        n = int(lengths[r])
+        for width in sorted({n, 20, 33}):  # the row alone, padded to its length, the batch's and a wider one
+            k = np.zeros((1, width, 64), np.float32)
+            a = np.zeros((1, width, 48), np.float32)
+            k[0, :n], a[0, :n] = keys[r, :n], annotations[r, :n]
+            one_alpha, one_context = _attend(product[r:r + 1].copy(), k, a, lengths[r:r + 1], v)
+            assert np.array_equal(one_alpha[0, :n], alpha[r, :n]) and np.array_equal(one_context[0], context[r])
+
+
+@pytest.mark.parametrize("bad, message", [
+    (lambda x: {**x, "keys": x["keys"].astype(np.float64)}, "keys: a C-contiguous float32"),
+    (lambda x: {**x, "annotations": x["annotations"][:, :, ::2]}, "annotations: a C-contiguous"),
+    (lambda x: {**x, "lengths": x["lengths"].astype(np.int32)}, "lengths: a C-contiguous int64"),
+    (lambda x: {**x, "v": x["v"][:8].copy()}, "shapes do not agree"),
+    (lambda x: {**x, "alpha": np.zeros((2, 3), np.float32)}, "shapes do not agree"),
+])
+def test_kernel_refuses_arrays_it_cannot_read(bad, message) -> None:
+    product, keys, annotations, lengths, v = _inputs(np.random.default_rng(0), 3, 5, 16, 8)
+    args = bad({"product": product, "keys": keys, "annotations": annotations, "lengths": lengths, "v": v,
+                "alpha": np.zeros((3, 5), np.float32), "context": np.zeros((3, 8), np.float32)})
+    with pytest.raises(ValueError, match=message):
+        _attention.attend(*args.values())
+
+
+def test_split_step_cuts_the_graph_at_the_attention(tiny_repository: Path) -> None:
+    engine = Engine(tiny_repository, precision="int8", intra_op_threads=1, fused_attention=False)
+    step = onnx.load(str(engine.manifest.path(engine.manifest.graphs["int8"].decoder_step)))
+    query, rest, v = fused.split_step(step)
+    assert [i.name for i in query.graph.input] == ["state"] and len(query.graph.output) == 1
+    rest_inputs = {i.name for i in rest.graph.input}
+    assert {"keys", "annotations", "src_mask"}.isdisjoint(rest_inputs)
+    assert {fused.PRODUCT, fused.CONTEXT, "state", "prev_tokens", "k"} <= rest_inputs
+    assert "attention" not in {o.name for o in rest.graph.output}
+    assert not any(n.op_type in ("Tanh", "Softmax") and "keys" in str(n.input) for n in rest.graph.node)
+    assert v.shape == (32,)  # the tiny model's attn_size
+    broken = onnx.ModelProto()
+    broken.CopyFrom(step)
+    next(n for n in broken.graph.node if n.op_type == "Softmax").op_type = "LogSoftmax"
+    with pytest.raises(ValueError, match="attention chain"):
+        fused.split_step(broken)
+
+
+def test_fused_step_agrees_with_the_graph_and_the_engine_serves_it(reversal_repository: Path) -> None:
+    graph = Engine(reversal_repository, precision="int8", intra_op_threads=1, fused_attention=False)
+    engine = Engine(reversal_repository, precision="int8", intra_op_threads=1)
+    assert engine.runtime.attention_form == "fused" and graph.runtime.attention_form == "packed"
+    feed = engine.runtime._step_feed()
+    names = ["log_probs", "topk_log_probs", "next_state", "attention"]
+    want = graph.runtime._padded.run(names, feed)
+    got = engine.runtime.step_session(False).run(names, feed)
+    for name, a, b in zip(names, want, got):
+        assert np.abs(a - b).max() <= fused.TOLERANCE[name], name
+    digits = ["3 1 4 1 5 9 2 6", "2 7 1 8", "1 6 1 8 0 3 3 9 8 8 7", "5", "9 9 8 2 4 4 3 5 3"]
+    for options in (DecodingOptions(), DecodingOptions(beam_size=4)):
+        fused_out = [t.hypotheses[0].text for t in engine.translate(digits, options)]
+        assert fused_out == [t.hypotheses[0].text for t in graph.translate(digits, options)]
+        assert fused_out[0] == "6 2 9 5 1 4 1 3"  # the reversal model reverses
+        alone = [engine.translate([d], options)[0].hypotheses[0] for d in digits]
+        batch = engine.translate(digits, options)
+        # batch invariance, bit for bit: a text's score does not depend on the texts beside it
+        assert [h.score for h in alone] == [t.hypotheses[0].score for t in batch]
+
+
+def test_without_the_kernel_or_when_its_check_fails_the_step_stays_on_the_graph(
+        reversal_repository: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.WARNING, logger="nmt.fused")
+    monkeypatch.setattr(fused, "_attention", None)
+    monkeypatch.setattr(fused, "MISSING", "the compiled kernel is missing (test)")
+    assert Engine(reversal_repository, precision="int8", intra_op_threads=1).runtime.attention_form == "packed"
+    assert "fused attention unavailable (the compiled kernel is missing (test))" in caplog.text
+    monkeypatch.setattr(fused, "_attention", _attention)
+    monkeypatch.setitem(fused.TOLERANCE, "attention", -1.0)  # every difference is too large
+    caplog.clear()
+    engine = Engine(reversal_repository, precision="int8", intra_op_threads=1)
+    assert engine.runtime.attention_form == "packed"
+    assert "fused attention refused (attention differs from the graph's" in caplog.text
+    assert engine.translate(["1 2 3"])[0].hypotheses[0].text == "3 2 1"
+
+
+def test_fp32_and_cuda_graphs_keep_their_attention(reversal_repository: Path) -> None:
+    assert Engine(reversal_repository, precision="fp32", intra_op_threads=1).runtime.attention_form == "padded"
+
+
+def test_the_shortlist_sessions_are_fused_too(reversal_repository: Path, reversal_corpus: Path,
+                                              tmp_path: Path) -> None:
+    import shutil
+
+    from export.graphs import shortlist as build
+    from service.decoding.shortlist import ShortlistChoice
+
+    repo = tmp_path / "reversal" / "1"
+    shutil.copytree(reversal_repository, repo)
+    build.write(repo, reversal_corpus, build.ShortlistConfig(per_source=8, frequent=4, min_count=1))
+    engine = Engine(repo, precision="int8", intra_op_threads=1, shortlist=ShortlistChoice.ON)
+    graph = Engine(repo, precision="int8", intra_op_threads=1, shortlist=ShortlistChoice.ON, fused_attention=False)
+    assert all(isinstance(s, fused.FusedStep) for s in engine.runtime._step_sessions.values())
+    texts = ["4 5 6", "1 2 3 4 5 6 7 8 9", "7 0 7"]
+    for options in (DecodingOptions(), DecodingOptions(beam_size=3)):
+        got = [t.hypotheses[0].text for t in engine.translate(texts, options)]
+        assert got == [t.hypotheses[0].text for t in graph.translate(texts, options)]
+        assert got[0] == "6 5 4"
+
+
+def test_session_options_reach_both_parts(reversal_repository: Path) -> None:
+    engine = Engine(reversal_repository, precision="int8", intra_op_threads=1)
+    step = engine.runtime.step_session(False)
+    assert isinstance(step.query, ort.InferenceSession) and isinstance(step.rest, ort.InferenceSession)
+    assert step.query.get_session_options().intra_op_num_threads == 1
+    assert step.rest.get_session_options().intra_op_num_threads == 1
