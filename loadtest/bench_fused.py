@@ -11,7 +11,7 @@ drawn with chances proportional to source length (``bench_packed.busy_batch``; `
 row count), encoded by the engine. The two steps take turns: ``--rounds`` rounds of 20 runs,
 medians. Every draw also reports how many rows choose the same best word and the largest
 log-probability difference. At the largest row count, the fused step's parts are timed alone
-(query run, kernel, rest run) and ONNX Runtime's profile (kernel ms by op type) is taken of the
+(query graph, attention kernel, middle graph, output kernel) and ONNX Runtime's profile (kernel ms by op type) is taken of the
 graph before and of the two graphs after (``step_graphs.profile_served``). Writes ``loadtest/results/bench_fused.{md,json}``.
 """
 
@@ -50,19 +50,8 @@ def served(engine: Engine, feed: dict) -> tuple[object, dict]:
 
 
 def parts(step: fused.FusedStep, feed: dict, rounds: int) -> dict[str, float]:
-    """ms of the fused step's three parts, each alone."""
-    from service.decoding import _attention
-
-    product = step.query.run(None, {"state": feed["state"]})[0]
-    rows, src_len = feed["src_mask"].shape
-    alpha, context = np.empty((rows, src_len), np.float32), np.empty((rows, step.ctx_size), np.float32)
-    lengths = feed["src_mask"].sum(axis=1, dtype=np.int64)
-    rest = {**feed, fused.PRODUCT: product, fused.CONTEXT: context}
-    rest = {n: rest[n] for n in (i.name for i in step.rest.get_inputs())}
-    runs = {"query graph": lambda: step.query.run(None, {"state": feed["state"]}),
-            "kernel": lambda: _attention.attend(product, feed["keys"], feed["annotations"], lengths, step.v,
-                                                alpha, context),
-            "rest graph": lambda: step.rest.run(STEP_OUTPUTS[:3], rest)}
+    """ms of each part of the fused step alone (``FusedStep.stages``), taking turns."""
+    runs = step.stages(feed)
     ms: dict[str, list[float]] = {name: [] for name in runs}
     for _ in range(rounds):
         for name, run in runs.items():

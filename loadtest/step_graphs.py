@@ -134,9 +134,9 @@ def profile_ops(model: bytes, feed: dict, *, threads: int, runs: int = 100) -> d
 
 
 def profile_served(engine: Engine, feed: dict, *, threads: int, runs: int = 100) -> dict[str, float]:
-    """``profile_ops`` of the step as this engine serves it for ``feed``'s layout. With fused attention
-    (``service.decoding.fused``): the query and rest graphs' ops together, and the compiled kernel as
-    one entry (timed, not profiled: ONNX Runtime does not see it)."""
+    """``profile_ops`` of the step as this engine serves it for ``feed``'s layout. With the fused
+    kernels (``service.decoding.fused``): the ops of its graphs together, and each compiled kernel as
+    one entry (timed, not profiled: ONNX Runtime does not see them)."""
     import time
 
     from service.decoding import fused
@@ -144,21 +144,20 @@ def profile_served(engine: Engine, feed: dict, *, threads: int, runs: int = 100)
     if engine.runtime.attention_form != "fused":
         return profile_ops(served_step_graph(engine, feed).SerializeToString(), feed, threads=threads, runs=runs)
     step = engine.runtime.step_session(False)
-    query, rest, _ = fused.split_step(served_step_graph(engine))
+    stages = step.stages(feed)
+    ops: dict[str, float] = {}
+    for name in ("attention kernel", "output kernel"):
+        if name in stages:
+            stages[name]()
+            start = time.perf_counter()
+            for _ in range(runs):
+                stages[name]()
+            ops[f"{name} (compiled, timed)"] = (time.perf_counter() - start) / runs * 1e3
     product = step.query.run(None, {"state": feed["state"]})[0]
-    rows, src_len = feed["src_mask"].shape
-    alpha, context = np.empty((rows, src_len), np.float32), np.empty((rows, step.ctx_size), np.float32)
-    lengths = feed["src_mask"].sum(axis=1, dtype=np.int64)
-    kernel = lambda: fused._attention.attend(product, feed["keys"], feed["annotations"], lengths, step.v,  # noqa: E731
-                                            alpha, context)
-    kernel()
-    start = time.perf_counter()
-    for _ in range(runs):
-        kernel()
-    values = {**feed, fused.PRODUCT: product, fused.CONTEXT: context}
-    ops = profile_ops(query.SerializeToString(), {"state": feed["state"]}, threads=threads, runs=runs)
-    for op, ms in profile_ops(rest.SerializeToString(), {i.name: values[i.name] for i in rest.graph.input},
-                              threads=threads, runs=runs).items():
-        ops[op] = ops.get(op, 0.0) + ms
-    ops["fused attention (compiled kernel, timed)"] = (time.perf_counter() - start) / runs * 1e3
+    values = {**feed, fused.PRODUCT: product,
+              fused.CONTEXT: np.zeros((len(feed["state"]), step.ctx_size), np.float32)}
+    for graph in step.graphs.values():
+        inputs = {i.name: values[i.name] for i in graph.graph.input}
+        for op, ms in profile_ops(graph.SerializeToString(), inputs, threads=threads, runs=runs).items():
+            ops[op] = ops.get(op, 0.0) + ms
     return dict(sorted(ops.items(), key=lambda kv: -kv[1]))

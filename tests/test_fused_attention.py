@@ -189,6 +189,69 @@ def test_the_shortlist_sessions_are_fused_too(reversal_repository: Path, reversa
 def test_session_options_reach_both_parts(reversal_repository: Path) -> None:
     engine = Engine(reversal_repository, precision="int8", intra_op_threads=1)
     step = engine.runtime.step_session(False)
-    assert isinstance(step.query, ort.InferenceSession) and isinstance(step.rest, ort.InferenceSession)
+    assert isinstance(step.query, ort.InferenceSession) and isinstance(step.tail, ort.InferenceSession)
     assert step.query.get_session_options().intra_op_num_threads == 1
-    assert step.rest.get_session_options().intra_op_num_threads == 1
+    assert step.tail.get_session_options().intra_op_num_threads == 1
+    assert step.threads == 1 and step.bias is not None  # the reversal step's output layer is fused too
+
+
+def _log_softmax64(raw, scale, bias):
+    x = raw.astype(np.float64) * scale + bias
+    m = x.max(axis=1, keepdims=True)
+    return x - (m + np.log(np.exp(x - m).sum(axis=1, keepdims=True)))
+
+
+@settings(max_examples=40, deadline=None)
+@given(rows=st.integers(1, 20), V=st.integers(1, 300), k=st.integers(1, 12), threads=st.integers(1, 3),
+       seed=st.integers(0, 2**16))
+def test_output_kernel_matches_a_float64_log_softmax_and_its_top_k(rows, V, k, threads, seed) -> None:
+    k = min(k, V)
+    rng = np.random.default_rng(seed)
+    raw = rng.normal(0, 4, (rows, V)).astype(np.float32)
+    raw[:, rng.integers(0, V, 3)] = raw[0, 0]  # some ties
+    scale, bias = rng.uniform(0.1, 2, (rows, 1)).astype(np.float32), rng.normal(0, 1, V).astype(np.float32)
+    values, ids, log_probs = np.empty((rows, k), np.float32), np.empty((rows, k), np.int64), np.empty((rows, V), np.float32)
+    _attention.output_layer(raw, scale, bias, values, ids, log_probs, threads)
+    want = _log_softmax64(raw, scale, bias)
+    np.testing.assert_allclose(log_probs, want, atol=2e-5)
+    # the k best of the kernel's own log-probabilities, descending, ties to the lower id (ONNX Runtime's TopK)
+    order = np.argsort(-log_probs, axis=1, kind="stable")[:, :k]
+    np.testing.assert_array_equal(ids, order)
+    np.testing.assert_array_equal(values, np.take_along_axis(log_probs, order, axis=1))
+
+
+def test_output_kernel_rows_do_not_depend_on_their_batch_or_threads() -> None:
+    rng = np.random.default_rng(5)
+    raw = rng.normal(0, 4, (40, 1000)).astype(np.float32)
+    scale, bias = rng.uniform(0.1, 2, (40, 1)).astype(np.float32), rng.normal(0, 1, 1000).astype(np.float32)
+    out = {}
+    for threads in (1, 2, 4):
+        values, ids = np.empty((40, 5), np.float32), np.empty((40, 5), np.int64)
+        _attention.output_layer(raw, scale, bias, values, ids, None, threads)
+        out[threads] = values, ids
+    assert all(np.array_equal(out[1][i], out[t][i]) for t in (2, 4) for i in (0, 1))
+    for r in (0, 17, 39):
+        values, ids = np.empty((1, 5), np.float32), np.empty((1, 5), np.int64)
+        _attention.output_layer(raw[r:r + 1].copy(), scale[r:r + 1].copy(), bias, values, ids)
+        assert np.array_equal(values[0], out[1][0][r]) and np.array_equal(ids[0], out[1][1][r])
+
+
+def test_output_kernel_refuses_a_k_it_cannot_give() -> None:
+    raw, scale, bias = np.zeros((2, 4), np.float32), np.ones((2, 1), np.float32), np.zeros(4, np.float32)
+    with pytest.raises(ValueError, match="1 <= k <= min"):
+        _attention.output_layer(raw, scale, bias, np.empty((2, 5), np.float32), np.empty((2, 5), np.int64))
+    with pytest.raises(ValueError, match="ids: a C-contiguous int64"):
+        _attention.output_layer(raw, scale, bias, np.empty((2, 2), np.float32), np.empty((2, 2), np.int32))
+
+
+def test_split_output_ends_the_middle_graph_at_the_output_product(tiny_repository: Path) -> None:
+    engine = Engine(tiny_repository, precision="int8", intra_op_threads=1, fused_attention=False)
+    step = onnx.load(str(engine.manifest.path(engine.manifest.graphs["int8"].decoder_step)))
+    middle, bias = fused.split_output(fused.split_step(step)[1])
+    assert [o.name for o in middle.graph.output] == ["next_state", fused.RAW, fused.SCALE]
+    assert not {"LogSoftmax", "TopK"} & {n.op_type for n in middle.graph.node}
+    assert bias.shape == (engine.vocab_size,)
+    rest = fused.split_step(step)[1]
+    next(n for n in rest.graph.node if n.op_type == "LogSoftmax").op_type = "Softmax"
+    with pytest.raises(ValueError, match="log_probs is not LogSoftmax"):
+        fused.split_output(rest)

@@ -14,45 +14,13 @@
  * error about 1e-7), on GCC's generic vectors of 16 floats; target_clones compiles the loop for
  * x86-64-v4 (AVX-512), v3 (AVX2 + FMA) and the baseline, chosen once at load for the CPU.
  */
-#define PY_SSIZE_T_CLEAN
-#include <Python.h>
-#include <math.h>
 #include <pthread.h>
-#include <stdint.h>
-#include <string.h>
 
-#define LANES 16
-typedef float vf __attribute__((vector_size(LANES * 4)));
-typedef int32_t vi __attribute__((vector_size(LANES * 4)));
-
-static inline __attribute__((always_inline)) vf splat(float x) { return (vf){0} + x; }
-
-static inline __attribute__((always_inline)) vf tanh_v(vf x) {
-    vi sign = (vi)x & (int32_t)0x80000000;
-    vf ax = (vf)((vi)x & 0x7fffffff);
-    vi big = ax > 9.0f; /* tanh(9) is 1 in float */
-    ax = (vf)(((vi)ax & ~big) | ((vi)splat(9.0f) & big));
-    vf y = ax * -2.0f;
-    vf n = (y * 1.44269504088896341f + 12582912.0f) - 12582912.0f; /* round(y / ln 2) */
-    vf r = y - n * 0.693359375f;
-    r = r - n * -2.12194440e-4f;
-    vf p = splat(1.0f / 5040.0f);
-    p = p * r + 1.0f / 720.0f;
-    p = p * r + 1.0f / 120.0f;
-    p = p * r + 1.0f / 24.0f;
-    p = p * r + 1.0f / 6.0f;
-    p = p * r + 0.5f;
-    p = p * r + 1.0f;
-    p = p * r + 1.0f;
-    vi bits = (__builtin_convertvector(n, vi) + 127) << 23; /* 2^n */
-    vf e = p * (vf)bits;
-    vf t = (1.0f - e) / (1.0f + e);
-    return (vf)((vi)t | sign);
-}
+#include "kernels.h"
 
 /* rows [first, last); query rows lie `query_stride` floats apart (the first A columns of the step's
  * state product) */
-__attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+CLONES
 static void attend_rows(int64_t first, int64_t last, int64_t src_len, int64_t A, int64_t C, const float *query,
                         int64_t query_stride, const float *keys, const float *annotations, const int64_t *lengths,
                         const float *v, float *alpha, float *context) {
@@ -71,12 +39,8 @@ static void attend_rows(int64_t first, int64_t last, int64_t src_len, int64_t A,
                 memcpy(&vv, v + d0, sizeof vv);
                 acc += vv * tanh_v(qv + kv);
             }
-            float lane[LANES];
-            memcpy(lane, &acc, sizeof lane);
-            for (int w = LANES / 2; w > 0; w /= 2)
-                for (int l = 0; l < w; l++) lane[l] += lane[l + w];
-            a[j] = lane[0];
-            if (lane[0] > best) best = lane[0];
+            a[j] = hsum(acc);
+            if (a[j] > best) best = a[j];
         }
         float sum = 0.0f;
         for (int64_t j = 0; j < L; j++) {
@@ -96,57 +60,64 @@ static void attend_rows(int64_t first, int64_t last, int64_t src_len, int64_t A,
 }
 
 typedef struct {
-    int64_t first, last, src_len, A, C, query_stride;
+    int64_t src_len, A, C, query_stride;
     const float *query, *keys, *annotations, *v;
     const int64_t *lengths;
     float *alpha, *context;
-} Part;
+} Attention;
 
-static void *run_part(void *arg) {
-    Part *p = arg;
-    attend_rows(p->first, p->last, p->src_len, p->A, p->C, p->query, p->query_stride, p->keys, p->annotations,
+static void attend_part(const void *ctx, int64_t first, int64_t last) {
+    const Attention *p = ctx;
+    attend_rows(first, last, p->src_len, p->A, p->C, p->query, p->query_stride, p->keys, p->annotations,
                 p->lengths, p->v, p->alpha, p->context);
-    return NULL;
 }
 
 #define MAX_THREADS 16
 #define ROWS_PER_THREAD 8 /* fewer rows a thread than this: not worth starting one */
 
-/* The rows cut into `threads` parts of about equal work (source lengths), each on a thread of its own
- * (the caller's thread runs the first); a thread that cannot start leaves its part to the caller. */
-static void attend(Part whole, int threads) {
-    int64_t rows = whole.last, total = 0;
-    for (int64_t r = 0; r < rows; r++) total += whole.lengths[r] < whole.src_len ? whole.lengths[r] : whole.src_len;
+typedef struct {
+    RowsFn fn;
+    const void *ctx;
+    int64_t first, last;
+} Job;
+
+static void *run_job(void *arg) {
+    Job *job = arg;
+    job->fn(job->ctx, job->first, job->last);
+    return NULL;
+}
+
+void run_rows(RowsFn fn, const void *ctx, int64_t rows, const int64_t *weights, int64_t cap, int threads) {
+    int64_t total = 0;
+    for (int64_t r = 0; r < rows; r++) total += weights ? (weights[r] < cap ? weights[r] : cap) : 1;
     if (threads > MAX_THREADS) threads = MAX_THREADS;
     if (threads > rows / ROWS_PER_THREAD) threads = (int)(rows / ROWS_PER_THREAD);
     if (threads < 2 || total == 0) {
-        run_part(&whole);
+        fn(ctx, 0, rows);
         return;
     }
-    Part parts[MAX_THREADS];
+    Job jobs[MAX_THREADS];
     pthread_t ids[MAX_THREADS];
     int started[MAX_THREADS] = {0};
     int64_t r = 0, done = 0;
     for (int t = 0; t < threads; t++) {
-        parts[t] = whole;
-        parts[t].first = r;
+        jobs[t] = (Job){fn, ctx, r, r};
         int64_t goal = total * (t + 1) / threads;
         while (r < rows && (t == threads - 1 || done < goal)) {
-            done += whole.lengths[r] < whole.src_len ? whole.lengths[r] : whole.src_len;
+            done += weights ? (weights[r] < cap ? weights[r] : cap) : 1;
             r++;
         }
-        parts[t].last = r;
+        jobs[t].last = r;
     }
-    for (int t = 1; t < threads; t++) started[t] = pthread_create(&ids[t], NULL, run_part, &parts[t]) == 0;
-    run_part(&parts[0]);
+    for (int t = 1; t < threads; t++) started[t] = pthread_create(&ids[t], NULL, run_job, &jobs[t]) == 0;
+    run_job(&jobs[0]);
     for (int t = 1; t < threads; t++) {
         if (started[t]) pthread_join(ids[t], NULL);
-        else run_part(&parts[t]);
+        else run_job(&jobs[t]);
     }
 }
 
-/* A C-contiguous buffer of `ndim` dimensions and item format `fmt` ('f' float32, 'q' int64). */
-static int get(PyObject *obj, Py_buffer *view, int ndim, char fmt, int writable, const char *name) {
+int get_buffer(PyObject *obj, Py_buffer *view, int ndim, char fmt, int writable, const char *name) {
     int flags = PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | (writable ? PyBUF_WRITABLE : 0);
     int ok = PyObject_GetBuffer(obj, view, flags) == 0;
     if (ok) {
@@ -166,6 +137,7 @@ static int get(PyObject *obj, Py_buffer *view, int ndim, char fmt, int writable,
 }
 
 static PyObject *py_attend(PyObject *self, PyObject *args) {
+    (void)self;
     PyObject *o[7];
     static const char *names[7] = {"product", "keys", "annotations", "lengths", "v", "alpha", "context"};
     static const int ndims[7] = {2, 3, 3, 1, 1, 2, 2};
@@ -175,7 +147,7 @@ static PyObject *py_attend(PyObject *self, PyObject *args) {
     Py_buffer b[7];
     int got = 0;
     for (; got < 7; got++)
-        if (get(o[got], &b[got], ndims[got], fmts[got], got >= 5, names[got]) < 0) break;
+        if (get_buffer(o[got], &b[got], ndims[got], fmts[got], got >= 5, names[got]) < 0) break;
     PyObject *result = NULL;
     if (got == 7) {
         Py_ssize_t rows = b[3].shape[0], src_len = b[1].shape[1], A = b[4].shape[0], C = b[2].shape[2];
@@ -186,10 +158,10 @@ static PyObject *py_attend(PyObject *self, PyObject *args) {
                             "src_len, A), annotations (rows, src_len, C), lengths (rows,), v (A,) with A a "
                             "multiple of 16, alpha (rows, src_len), context (rows, C))");
         } else {
-            Part whole = {0, rows, src_len, A, C, b[0].shape[1], b[0].buf, b[1].buf, b[2].buf, b[4].buf,
-                          b[3].buf, b[5].buf, b[6].buf};
+            Attention job = {src_len, A, C, b[0].shape[1], b[0].buf, b[1].buf, b[2].buf, b[4].buf, b[3].buf,
+                             b[5].buf, b[6].buf};
             Py_BEGIN_ALLOW_THREADS
-            attend(whole, threads);
+            run_rows(attend_part, &job, rows, b[3].buf, src_len, threads);
             Py_END_ALLOW_THREADS
             result = Py_NewRef(Py_None);
         }
@@ -203,8 +175,13 @@ static PyMethodDef methods[] = {
      "attend(product, keys, annotations, lengths, v, alpha, context, threads=1): the step's additive "
      "attention, written into alpha (rows, src_len) and context (rows, C); the query is product[:, :A]. "
      "threads > 1: rows split between that many threads (at least 8 rows each); same results."},
+    {"output_layer", py_output_layer, METH_VARARGS,
+     "output_layer(raw, scale, bias, values, ids, log_probs=None, threads=1): logits = raw * scale + bias "
+     "(raw (rows, V), scale (rows, 1), bias (V,)); their k best log-probabilities, descending, into values "
+     "(rows, k) and their ids into ids (rows, k) (ties: the lower id first); every log-probability into "
+     "log_probs (rows, V) when given."},
     {NULL, NULL, 0, NULL}};
 
-static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_attention", NULL, -1, methods};
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_attention", NULL, -1, methods, NULL, NULL, NULL, NULL};
 
 PyMODINIT_FUNC PyInit__attention(void) { return PyModule_Create(&module); }

@@ -1,0 +1,144 @@
+"""The cuts of the int8 step graph around the fused kernels (``service.decoding.fused``).
+
+``split_step`` cuts at the attention: the *query graph* (the state's product, whose first A
+columns are the query) and the *rest graph* (everything after the attention, reading the product
+and the context as inputs). ``split_output`` cuts the rest graph again before its output layer's
+bias, log-softmax and top-k: the *middle graph* ends at the output product and each row's scale.
+Each raises ValueError for a graph of another shape (the step then stays as it is).
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+
+PRODUCT, CONTEXT = "fused/state_product", "fused/context"
+RAW, SCALE = "fused/output_product", "fused/output_scale"  # the middle graph's outputs
+SHAPES = {PRODUCT: ["rows", "product"], CONTEXT: ["rows", "ctx_size"], RAW: ["rows", "vocab_size"], SCALE: ["rows", 1]}
+
+_CHAIN = ("Add", "Tanh", "Reshape", "Gemm", "Reshape", "Where", "Softmax", "Unsqueeze", "MatMul", "Reshape")
+
+
+def _users(graph: onnx.GraphProto, name: str) -> list[onnx.NodeProto]:
+    return [n for n in graph.node if name in n.input]
+
+
+def _follow(graph: onnx.GraphProto, start: onnx.NodeProto) -> list[onnx.NodeProto]:
+    chain = [start]
+    for op in _CHAIN[1:]:
+        users = _users(graph, chain[-1].output[0])
+        if len(users) != 1 or users[0].op_type != op:
+            raise ValueError(f"attention chain: {[u.op_type for u in users]} after {chain[-1].op_type}, "
+                             f"where one {op} was expected")
+        chain.append(users[0])
+    return chain
+
+
+def split_step(step: onnx.ModelProto) -> tuple[onnx.ModelProto, onnx.ModelProto, np.ndarray]:
+    """(query graph, rest graph, v) of an int8 step graph; ValueError for a graph whose attention
+    is not the chain keys + Split(product)[0] -> Tanh -> Gemm (``v``) -> Where -> Softmax ->
+    MatMul (annotations)."""
+    step, original = onnx.ModelProto(), step
+    step.CopyFrom(original)  # the rest graph's nodes are renamed in place
+    graph = step.graph
+    adds = [n for n in graph.node if n.op_type == "Add" and "keys" in n.input]
+    if len(adds) != 1:
+        raise ValueError(f"{len(adds)} Add nodes read 'keys', not one")
+    chain = _follow(graph, adds[0])
+    add, gemm, where, softmax, matmul = chain[0], chain[3], chain[5], chain[6], chain[8]
+    if softmax.output[0] != "attention" or "annotations" not in matmul.input or "src_mask" not in where.input:
+        raise ValueError("the chain does not end in the 'attention' output and a product with 'annotations'")
+    inits = {t.name: t for t in graph.initializer}
+    unsqueeze = next((n for n in graph.node if n.output[0] in add.input and n.op_type == "Unsqueeze"), None)
+    split = next((n for n in graph.node if unsqueeze is not None and unsqueeze.input[0] == n.output[0]), None)
+    if split is None or split.op_type != "Split" or len(split.input) < 2 or split.input[1] not in inits:
+        raise ValueError("the query is not the first output of a Split with constant sizes")
+    v = numpy_helper.to_array(inits[gemm.input[0]]).reshape(-1) if gemm.input[0] in inits else None
+    sizes = numpy_helper.to_array(inits[split.input[1]])
+    axis = next((a.i for a in split.attribute if a.name == "axis"), 0)
+    if v is None or axis not in (1, -1) or int(sizes[0]) != v.size or v.size % 16:
+        raise ValueError("the query is not the product's first A columns, or v is not a constant of A (a "
+                         "multiple of 16) floats")
+    product = split.input[0]
+    before = _ancestors(graph, product)
+    gone = before | {n.output[0] for n in chain} | {unsqueeze.output[0]}
+    gone |= {n.output[0] for n in graph.node if n.op_type == "Shape" and n.output[0] in chain[4].input}
+    query = _subgraph(step, [n for n in graph.node if n.output[0] in before], ["state"], [product], "fused_query")
+    rest_nodes = [n for n in graph.node if n.output[0] not in gone]
+    rename = {product: PRODUCT, chain[-1].output[0]: CONTEXT}
+    for node in rest_nodes:
+        node.input[:] = [rename.get(i, i) for i in node.input]
+    kept_inputs = [i.name for i in graph.input if i.name not in ("keys", "annotations", "src_mask")]
+    outputs = [o.name for o in graph.output if o.name != "attention"]
+    rest = _subgraph(step, rest_nodes, kept_inputs + [PRODUCT, CONTEXT], outputs, "fused_rest")
+    return query, rest, v.astype(np.float32)
+
+
+def split_output(rest: onnx.ModelProto) -> tuple[onnx.ModelProto, np.ndarray]:
+    """(middle graph, bias) of a rest graph (``split_step``) whose ``log_probs`` is LogSoftmax(Mul(
+    MatMulIntegerToFloat, scale) + bias) with a constant bias, and whose top-k reads only that: the
+    middle graph outputs ``next_state``, ``RAW`` (the product) and ``SCALE`` (rows, 1); ValueError else."""
+    model, graph = onnx.ModelProto(), None
+    model.CopyFrom(rest)
+    graph = model.graph
+    producer = {o: n for n in graph.node for o in n.output}
+    inits = {t.name: t for t in graph.initializer}
+    softmax = producer.get("log_probs")
+    add = producer.get(softmax.input[0]) if softmax is not None and softmax.op_type == "LogSoftmax" else None
+    if add is None or add.op_type != "Add" or add.input[1] not in inits:
+        raise ValueError("log_probs is not LogSoftmax(x + a constant bias)")
+    mul = producer.get(add.input[0])
+    product = producer.get(mul.input[0]) if mul is not None and mul.op_type == "Mul" else None
+    if product is None or product.op_type != "MatMulIntegerToFloat":
+        raise ValueError("the output layer's logits are not an int8 product times a scale")
+    bias = numpy_helper.to_array(inits[add.input[1]]).reshape(-1).astype(np.float32)
+    keep = _ancestors(graph, "next_state") | _ancestors(graph, mul.input[0]) | _ancestors(graph, mul.input[1])
+    tail = [n for n in graph.node if n.output[0] not in keep]
+    outside = {o.name for o in graph.output} - {"log_probs", "topk_log_probs", "topk_ids"}
+    if any(set(n.output) & outside for n in tail):
+        raise ValueError("the output layer's nodes make other outputs")
+    rename = {mul.input[0]: RAW, mul.input[1]: SCALE}
+    nodes = [n for n in graph.node if n.output[0] in keep]
+    for node in nodes:
+        node.output[:] = [rename.get(o, o) for o in node.output]
+        node.input[:] = [rename.get(i, i) for i in node.input]
+    used = {i for n in nodes for i in n.input}
+    inputs = [i.name for i in graph.input if i.name in used]
+    return _subgraph(model, nodes, inputs, ["next_state", RAW, SCALE], "fused_middle"), bias
+
+
+def _ancestors(graph: onnx.GraphProto, name: str) -> set[str]:
+    """The nodes ``name`` depends on, by their first output."""
+    producer = {o: n for n in graph.node for o in n.output}
+    found: set[str] = set()
+    todo = [name]
+    while todo:
+        node = producer.get(todo.pop())
+        if node is not None and node.output[0] not in found:
+            found.add(node.output[0])
+            todo.extend(node.input)
+    return found
+
+
+def _subgraph(step: onnx.ModelProto, nodes: Sequence[onnx.NodeProto], inputs: list[str], outputs: list[str],
+              name: str) -> onnx.ModelProto:
+    """A graph of ``nodes`` of ``step``; inputs and outputs named, their types from ``step`` or, for
+    the cuts' own tensors, ``SHAPES`` (float32)."""
+    graph = step.graph
+    used = {i for n in nodes for i in n.input}
+    values = {v.name: v for v in [*graph.input, *graph.output]}
+    declared = [values.get(n) or helper.make_tensor_value_info(n, onnx.TensorProto.FLOAT, SHAPES.get(n, ["rows", "product"]))
+                for n in [*inputs, *outputs]]
+    sub = helper.make_graph(list(nodes), name, declared[:len(inputs)], declared[len(inputs):],
+                            [t for t in graph.initializer if t.name in used])
+    model = helper.make_model(sub, opset_imports=list(step.opset_import), ir_version=step.ir_version)
+    try:
+        onnx.checker.check_model(model)
+    except onnx.checker.ValidationError as e:  # a node cut away had another reader
+        raise ValueError(f"the {name} graph does not check: {str(e)[:200]}") from None
+    return model
+
+

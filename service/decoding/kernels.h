@@ -1,0 +1,74 @@
+/* What the step's compiled kernels share (attention.c, output_layer.c): GCC's generic vectors of 16
+ * floats (lowered to AVX-512, AVX2 or SSE by each target clone), exp and tanh on them, the rows split
+ * between threads, and reading numpy arrays through the buffer protocol. */
+#ifndef NMT_KERNELS_H
+#define NMT_KERNELS_H
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#define LANES 16
+#define CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+typedef float vf __attribute__((vector_size(LANES * 4)));
+typedef int32_t vi __attribute__((vector_size(LANES * 4)));
+
+static inline __attribute__((always_inline)) vf splat(float x) { return (vf){0} + x; }
+
+static inline __attribute__((always_inline)) vf select_v(vi mask, vf yes, vf no) {
+    return (vf)(((vi)yes & mask) | ((vi)no & ~mask));
+}
+
+/* e^y for y <= 0 (below -87: e^-87, about 1.6e-38): Cody-Waite reduction by ln 2, a degree-7 Taylor
+ * polynomial on [-ln2/2, ln2/2] (relative error about 1e-7), 2^n through the exponent bits. */
+static inline __attribute__((always_inline)) vf exp_v(vf y) {
+    y = select_v(y < -87.0f, splat(-87.0f), y);
+    vf n = (y * 1.44269504088896341f + 12582912.0f) - 12582912.0f; /* round(y / ln 2) */
+    vf r = y - n * 0.693359375f;
+    r = r - n * -2.12194440e-4f;
+    vf p = splat(1.0f / 5040.0f);
+    p = p * r + 1.0f / 720.0f;
+    p = p * r + 1.0f / 120.0f;
+    p = p * r + 1.0f / 24.0f;
+    p = p * r + 1.0f / 6.0f;
+    p = p * r + 0.5f;
+    p = p * r + 1.0f;
+    p = p * r + 1.0f;
+    vi bits = (__builtin_convertvector(n, vi) + 127) << 23; /* 2^n */
+    return p * (vf)bits;
+}
+
+/* tanh(x) = sign(x) (1 - e) / (1 + e), e = exp(-2 |x|), |x| clamped at 9 (tanh(9) is 1 in float):
+ * absolute error about 1e-7 */
+static inline __attribute__((always_inline)) vf tanh_v(vf x) {
+    vi sign = (vi)x & (int32_t)0x80000000;
+    vf ax = (vf)((vi)x & 0x7fffffff);
+    ax = select_v(ax > 9.0f, splat(9.0f), ax);
+    vf e = exp_v(ax * -2.0f);
+    vf t = (1.0f - e) / (1.0f + e);
+    return (vf)((vi)t | sign);
+}
+
+static inline float hsum(vf acc) { /* the 16 lanes summed in a fixed order */
+    float lane[LANES];
+    memcpy(lane, &acc, sizeof lane);
+    for (int w = LANES / 2; w > 0; w /= 2)
+        for (int l = 0; l < w; l++) lane[l] += lane[l + w];
+    return lane[0];
+}
+
+/* fn(ctx, first, last) over rows [0, rows) cut into `threads` parts of about equal weight (row r weighs
+ * min(weights[r], cap), or 1 without weights), each but the first on a thread of its own (at least
+ * ROWS_PER_THREAD rows each; a thread that cannot start leaves its part to the caller). */
+typedef void (*RowsFn)(const void *ctx, int64_t first, int64_t last);
+void run_rows(RowsFn fn, const void *ctx, int64_t rows, const int64_t *weights, int64_t cap, int threads);
+
+/* A C-contiguous numpy array of `ndim` dimensions and items `fmt` ('f' float32, 'q' int64), or -1 with
+ * a ValueError naming it. */
+int get_buffer(PyObject *obj, Py_buffer *view, int ndim, char fmt, int writable, const char *name);
+
+PyObject *py_output_layer(PyObject *self, PyObject *args);
+
+#endif
