@@ -46,7 +46,8 @@ def test_a_run_never_passes_the_columns() -> None:
 
 
 def _sessions(repository: Path) -> tuple[Engine, ort.InferenceSession, ort.InferenceSession]:
-    engine = Engine(repository, precision="int8", intra_op_threads=1, packed_attention=False)
+    engine = Engine(repository, precision="int8", intra_op_threads=1, packed_attention=False,
+                    fused_attention=False)
     step = onnx.load(str(engine.manifest.path(engine.manifest.graphs["int8"].decoder_step)))
     options = ort.SessionOptions()
     options.intra_op_num_threads = 1
@@ -84,7 +85,8 @@ def test_the_packed_step_gives_the_padded_steps_bits(reversal_repository: Path, 
 
 def test_the_engine_serves_packed_and_translates_as_the_padded_step(reversal_repository: Path) -> None:
     texts = ["1 2 3", "9 8 7 6 5 4 3 2 1 0 1 2 3 4 5 6 7 8 9", "4", "5 5 5 5 5 5 5"]
-    padded = Engine(reversal_repository, precision="int8", intra_op_threads=1, packed_attention=False)
+    padded = Engine(reversal_repository, precision="int8", intra_op_threads=1, packed_attention=False,
+                    fused_attention=False)
     served = Engine(reversal_repository, precision="int8", intra_op_threads=1, fused_attention=False)
     assert served.runtime.packed and not padded.runtime.packed
     assert "src_mask" not in {i.name for i in served.runtime.decoder.get_inputs()}
@@ -176,7 +178,8 @@ def test_the_packed_step_serves_only_where_padding_is_skipped(reversal_repositor
     assert packed.pays(np.array([3, 20, 2, 4]), 24)  # runs of 4, 20, 4, 4: 32 of 96 positions
     assert not packed.pays(np.array([8, 8, 7]), 12)  # 24 of 36
     engine = Engine(reversal_repository, precision="int8", intra_op_threads=1, fused_attention=False)
-    padded = Engine(reversal_repository, precision="int8", intra_op_threads=1, packed_attention=False)
+    padded = Engine(reversal_repository, precision="int8", intra_op_threads=1, packed_attention=False,
+                    fused_attention=False)
 
     def context(texts: list[str]):
         batch = engine.new_batch()
