@@ -51,7 +51,8 @@ def measure(repository: Path, corpus: Path, splits: list[str], beam: int, thread
 def markdown(rows: list[dict], repository: Path, meta: dict, command: str) -> str:
     lines = [f"# Fused attention quality ({repository})", "", f"`{command}`", "",
              f"int8 engine ({meta['int8_form']}), {meta['machine']}, CPU flags {', '.join(meta['flags']) or 'none'}. "
-             "graph: ONNX Runtime's operators (packed attention); fused: the compiled kernel.", "",
+             "graph: ONNX Runtime's operators (packed attention); fused: the compiled kernels (attention, output "
+             "layer).", "",
              "| split | beam | BLEU graph | BLEU fused | chrF graph | chrF fused | same text |",
              "|---|---:|---:|---:|---:|---:|---:|"]
     for a, b in zip(rows[::2], rows[1::2]):

@@ -255,3 +255,39 @@ def test_split_output_ends_the_middle_graph_at_the_output_product(tiny_repositor
     next(n for n in rest.graph.node if n.op_type == "LogSoftmax").op_type = "Softmax"
     with pytest.raises(ValueError, match="log_probs is not LogSoftmax"):
         fused.split_output(rest)
+
+
+def test_the_next_product_is_carried_from_the_step_through_beam_reorders(reversal_repository: Path) -> None:
+    """The middle graph makes the next step's state product: the query graph runs once per join,
+    not once per step, and the translations keep their bits."""
+    engine = Engine(reversal_repository, precision="int8", intra_op_threads=1)
+    step = engine.runtime.step_session(False)
+    runs = []
+    query_run = step.query.run
+    step.query.run = lambda *a, **k: runs.append(1) or query_run(*a, **k)
+    graph = Engine(reversal_repository, precision="int8", intra_op_threads=1, fused_attention=False)
+    for options in (DecodingOptions(), DecodingOptions(beam_size=3)):
+        runs.clear()
+        got = engine.translate(["1 2 3 4 5 6 7 8"], options)[0]
+        assert got.steps > 5 and len(runs) == 1, (got.steps, len(runs))
+        assert got.hypotheses[0].text == graph.translate(["1 2 3 4 5 6 7 8"], options)[0].hypotheses[0].text
+    step._carried = False  # the query graph at every step
+    runs.clear()
+    uncarried = engine.translate(["3 1 4 1 5", "9 2 6"], DecodingOptions(beam_size=3))
+    assert len(runs) == max(t.steps for t in uncarried)
+    step._carried = True
+    carried = engine.translate(["3 1 4 1 5", "9 2 6"], DecodingOptions(beam_size=3))
+    assert [h.score for t in carried for h in t.hypotheses] == [h.score for t in uncarried for h in t.hypotheses]
+
+
+def test_texts_joining_a_running_batch_extend_the_carried_product(reversal_repository: Path) -> None:
+    engine = Engine(reversal_repository, precision="int8", intra_op_threads=1)
+    step = engine.runtime.step_session(False)
+    batch = engine.new_batch()
+    batch.add([((0, 0), engine.prepare_text("1 2 3 4 5 6 7", DecodingOptions(), 0))])
+    batch.step()
+    batch.step()
+    batch.add([((1, 0), engine.prepare_text("9 8", DecodingOptions(beam_size=2), 0))])  # two more rows
+    state, product = step._box[0]
+    assert state is batch._state and len(product) == 3
+    assert np.array_equal(product, step.query.run(None, {"state": engine.runtime.host_state(state)})[0])

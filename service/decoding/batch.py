@@ -123,9 +123,7 @@ class Batch:
         self._context.append(parts, columns)
         new_rows = int(beams.sum())
         state = np.concatenate(states)
-        if self._texts:
-            state = np.concatenate([self._runtime.host_state(self._state), state])
-        self._state = self._runtime.state(state)
+        self._state = self._runtime.join_states(self._state if self._texts else None, state)
         self._history.reorder(np.concatenate([np.arange(self.live_rows), np.full(new_rows, -1)]))
         self._prev = np.concatenate([self._prev, np.full(new_rows, self._special.bos, dtype=np.int64)])
         self._scores = np.concatenate([self._scores, np.zeros(new_rows)])

@@ -34,7 +34,8 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 import onnx
 
-from service.decoding.fused_graphs import CONTEXT, PRODUCT, RAW, SCALE, split_output, split_step  # noqa: F401
+from service.decoding.fused_graphs import (CONTEXT, NEXT_PRODUCT, PRODUCT, RAW, SCALE, split_output,  # noqa: F401
+                                           split_step, with_next_product)
 
 log = logging.getLogger("nmt.fused")
 
@@ -57,32 +58,37 @@ class FusedStep:
 
     def __init__(self, query: Any, tail: Any, v: np.ndarray, ctx_size: int, *, bias: np.ndarray | None = None,
                  load_graph: Callable[[bytes], Any] | None = None, threads: int = 1,
-                 graphs: dict[str, onnx.ModelProto] | None = None) -> None:
+                 graphs: dict[str, onnx.ModelProto] | None = None, box: list | None = None) -> None:
         """``tail``: the rest graph's session, or with ``bias`` (the output layer's) the middle
         graph's; ``threads``: the kernels' (rows split between them, at least 8 each; the same
         results); ``graphs``: the parts' graphs by name (for profiling)."""
         self.query, self.tail, self.v, self.ctx_size, self.bias = query, tail, v, ctx_size, bias
         self.threads, self.graphs, self._load = threads, graphs or {}, load_graph
         self._tail_inputs = [i.name for i in tail.get_inputs()]
+        self._carried = NEXT_PRODUCT in {o.name for o in tail.get_outputs()}
+        # [(a next_state, its product) made by the last run, or None]: shared by the steps of one
+        # runtime (``like``), whichever of them runs next
+        self._box: list[tuple[Any, np.ndarray] | None] = box if box is not None else [None]
 
     @classmethod
     def of(cls, step: onnx.ModelProto, load_graph: Callable[[bytes], Any], ctx_size: int,
-           threads: int = 1) -> FusedStep:
+           threads: int = 1, box: list | None = None) -> FusedStep:
         """``step`` cut (``split_step``, then ``split_output`` where it fits), each graph loaded by
         ``load_graph`` (graph bytes -> an ONNX Runtime session); ValueError for a step graph the
         first cut does not know."""
         query, tail, v = split_step(step)
         try:
-            tail, bias = split_output(tail)
+            middle, bias = split_output(tail)
+            tail = with_next_product(middle, query)
         except ValueError:  # an output layer of another shape (a shortlist's): the rest graph does it
             bias = None
         return cls(load_graph(query.SerializeToString()), load_graph(tail.SerializeToString()), v, ctx_size,
-                   bias=bias, load_graph=load_graph, threads=threads, graphs={"query": query, "tail": tail})
+                   bias=bias, load_graph=load_graph, threads=threads, graphs={"query": query, "tail": tail}, box=box)
 
     def like(self, step: onnx.ModelProto) -> FusedStep:
         """Another step graph of the same model (a shortlist's) in the fused form, loaded alike."""
         assert self._load is not None
-        return FusedStep.of(step, self._load, self.ctx_size, self.threads)
+        return FusedStep.of(step, self._load, self.ctx_size, self.threads, self._box)
 
     def stages(self, feed: Mapping[str, np.ndarray]) -> dict[str, Callable[[], object]]:
         """Each part of ``run`` on ``feed`` alone, by name (for benchmarks); the parts' inputs made once."""
@@ -97,14 +103,35 @@ class FusedStep:
                                                              self.v, alpha, context, self.threads)}
         if self.bias is None:
             return {**out, "rest graph": lambda: self.tail.run(["topk_log_probs", "topk_ids", "next_state"], tail_feed)}
-        _, raw, scale = self.tail.run(["next_state", RAW, SCALE], tail_feed)
+        wanted = ["next_state", RAW, SCALE, *([NEXT_PRODUCT] if self._carried else [])]
+        _, raw, scale, *_ = self.tail.run(wanted, tail_feed)
         k = int(feed["k"])
         top, ids = np.empty((rows, k), np.float32), np.empty((rows, k), np.int64)
-        return {**out, "middle graph": lambda: self.tail.run(["next_state", RAW, SCALE], tail_feed),
+        return {**out, "middle graph": lambda: self.tail.run(wanted, tail_feed),
                 "output kernel": lambda: _attention.output_layer(raw, scale, self.bias, top, ids, None, self.threads)}
 
+    def follow(self, state: Any, rows: Any, index: np.ndarray) -> None:
+        """``rows`` = ``state[index]`` (a beam reordered, rows removed): the carried product follows."""
+        if self._box[0] is not None and self._box[0][0] is state:
+            self._box[0] = (rows, self._box[0][1][index])
+
+    def join(self, state: Any, joined: Any, new: np.ndarray) -> None:
+        """``joined`` = ``state`` (or None) with the ``new`` rows after it (texts joined): the product
+        carried for ``state`` grows by the new rows' (the query graph on them alone: a row's product does
+        not depend on the rows beside it)."""
+        if self._carried and (state is None or self._box[0] is not None and self._box[0][0] is state):
+            fresh = self.query.run(None, {"state": new})[0]
+            self._box[0] = (joined, fresh if state is None else np.concatenate([self._box[0][1], fresh]))
+
+    def product(self, state: Any) -> np.ndarray:
+        """The state's product: carried from the last run when ``state`` is its next_state (or
+        followed it), else by the query graph (texts joined, or another caller's state)."""
+        if self._box[0] is not None and self._box[0][0] is state:
+            return self._box[0][1]
+        return self.query.run(None, {"state": state})[0]
+
     def run(self, names: Sequence[str] | None, feed: Mapping[str, np.ndarray]) -> list[np.ndarray]:
-        product = self.query.run(None, {"state": feed["state"]})[0]
+        product = self.product(feed["state"])
         mask = feed["src_mask"]
         rows, src_len = mask.shape
         alpha = np.empty((rows, src_len), np.float32)
@@ -119,8 +146,11 @@ class FusedStep:
         if self.bias is None:
             want = [n for n in names if n != "attention"]
             out = dict(zip(want, self.tail.run(want, tail_feed)))
+            self._box[0] = None  # this run made no product to carry
         else:
-            next_state, raw, scale = self.tail.run(["next_state", RAW, SCALE], tail_feed)
+            next_state, raw, scale, *carried = self.tail.run(
+                ["next_state", RAW, SCALE, *([NEXT_PRODUCT] if self._carried else [])], tail_feed)
+            self._box[0] = (next_state, carried[0]) if carried else None
             k = int(feed["k"])
             out = {"next_state": next_state, "topk_log_probs": np.empty((rows, k), np.float32),
                    "topk_ids": np.empty((rows, k), np.int64),
@@ -140,6 +170,10 @@ def check(reference: Callable, fused: FusedStep, feed: Mapping[str, np.ndarray],
         if name in TOLERANCE and not diff <= TOLERANCE[name]:
             return f"{name} differs from the graph's by {diff:.3g} (at most {TOLERANCE[name]})"
     whole = fused.run(names, feed)
+    if fused._box[0] is not None and "next_state" in names:
+        state = whole[list(names).index("next_state")]
+        if not np.array_equal(fused._box[0][1], fused.query.run(None, {"state": state})[0]):
+            return "the next step's product made in the step is not the query graph's"
     for row in (0, len(feed["state"]) - 1):
         alone = fused.run(names, {n: (v if v.ndim == 0 else v[row:row + 1]) for n, v in feed.items()})
         for name, a, b in zip(names, whole, alone):

@@ -17,7 +17,9 @@ from onnx import helper, numpy_helper
 
 PRODUCT, CONTEXT = "fused/state_product", "fused/context"
 RAW, SCALE = "fused/output_product", "fused/output_scale"  # the middle graph's outputs
-SHAPES = {PRODUCT: ["rows", "product"], CONTEXT: ["rows", "ctx_size"], RAW: ["rows", "vocab_size"], SCALE: ["rows", 1]}
+NEXT_PRODUCT = "fused/next_state_product"  # and the next step's state product (``with_next_product``)
+SHAPES = {PRODUCT: ["rows", "product"], CONTEXT: ["rows", "ctx_size"], RAW: ["rows", "vocab_size"], SCALE: ["rows", 1],
+          NEXT_PRODUCT: ["rows", "product"]}
 
 _CHAIN = ("Add", "Tanh", "Reshape", "Gemm", "Reshape", "Where", "Softmax", "Unsqueeze", "MatMul", "Reshape")
 
@@ -110,6 +112,32 @@ def split_output(rest: onnx.ModelProto) -> tuple[onnx.ModelProto, np.ndarray]:
     return _subgraph(model, nodes, inputs, ["next_state", RAW, SCALE], "fused_middle"), bias
 
 
+def with_next_product(middle: onnx.ModelProto, query: onnx.ModelProto) -> onnx.ModelProto:
+    """``middle`` also computing the query graph's product of ``next_state`` (output ``NEXT_PRODUCT``):
+    the next step's product, made in this step's run instead of a run of its own (the same nodes and
+    weights, so the same bits: ``service.decoding.fused`` checks it at load)."""
+    model = onnx.ModelProto()
+    model.CopyFrom(middle)
+    graph = model.graph
+    made = {o for n in query.graph.node for o in n.output}
+    (product,) = [o.name for o in query.graph.output]
+    rename = {"state": "next_state", **{t: f"fused/next/{t}" for t in made}, product: NEXT_PRODUCT}
+    for node in query.graph.node:
+        copy = graph.node.add()
+        copy.CopyFrom(node)
+        copy.name = f"fused/next/{node.name}" if node.name else ""
+        copy.input[:] = [rename.get(i, i) for i in node.input]
+        copy.output[:] = [rename.get(o, o) for o in node.output]
+    have = {t.name for t in graph.initializer}
+    graph.initializer.extend(t for t in query.graph.initializer if t.name not in have)
+    graph.output.append(helper.make_tensor_value_info(NEXT_PRODUCT, onnx.TensorProto.FLOAT, SHAPES[NEXT_PRODUCT]))
+    try:
+        onnx.checker.check_model(model)
+    except onnx.checker.ValidationError as e:
+        raise ValueError(f"the middle graph with the next product does not check: {str(e)[:200]}") from None
+    return model
+
+
 def _ancestors(graph: onnx.GraphProto, name: str) -> set[str]:
     """The nodes ``name`` depends on, by their first output."""
     producer = {o: n for n in graph.node for o in n.output}
@@ -130,7 +158,8 @@ def _subgraph(step: onnx.ModelProto, nodes: Sequence[onnx.NodeProto], inputs: li
     graph = step.graph
     used = {i for n in nodes for i in n.input}
     values = {v.name: v for v in [*graph.input, *graph.output]}
-    declared = [values.get(n) or helper.make_tensor_value_info(n, onnx.TensorProto.FLOAT, SHAPES.get(n, ["rows", "product"]))
+    declared = [values.get(n) or helper.make_tensor_value_info(n, onnx.TensorProto.FLOAT,
+                                                             SHAPES.get(n, ["rows", "product"]))
                 for n in [*inputs, *outputs]]
     sub = helper.make_graph(list(nodes), name, declared[:len(inputs)], declared[len(inputs):],
                             [t for t in graph.initializer if t.name in used])

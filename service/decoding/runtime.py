@@ -24,11 +24,11 @@ from service.decoding.shortlist import INPUTS as SHORTLIST_TYPES
 from service.decoding.shortlist import Candidates, Shortlist, shortlist_graph
 
 from service.decoding.sessions import (CUDA_DEVICE_ID, CUDA_OPTIONS, PROVIDERS, _check_provider,  # noqa: F401
-                                      _load_session, _session_options, provider_list, run_bound)
+                                      _load_session, _session_options, file_shapes, provider_list, run_bound,
+                                      session_shapes)
 from service.errors import ModelRepositoryError, ProviderUnavailableError
 from service.process import cores
-from service.models.manifest import (DECODER_INPUTS, DECODER_OUTPUTS, ENCODER_INPUTS, ENCODER_OUTPUTS,
-                              Manifest)
+from service.models.manifest import DECODER_INPUTS, DECODER_OUTPUTS, ENCODER_INPUTS, ENCODER_OUTPUTS, Manifest
 
 STEP_OUTPUTS = ["topk_log_probs", "topk_ids", "next_state", "attention"]  # log_probs stays inside
 SHORTLIST_INPUTS = {name: axes for name, (_, axes) in SHORTLIST_TYPES.items()}
@@ -197,15 +197,8 @@ class Runtime:
     def graph_shapes(self) -> dict[str, dict[str, list[int | str | None]]]:
         """Each graph's inputs and outputs, name -> shape (sizes and axis names): as its session
         has them, or, for a step without sessions (``steps=False``), as its file declares them."""
-        shapes = {"encoder": _shapes(self.encoder.get_inputs() + self.encoder.get_outputs())}
-        if self.decoder is not None:
-            shapes["decoder_step"] = _shapes(self.decoder.get_inputs() + self.decoder.get_outputs())
-        else:
-            graph = onnx.load(self._paths[1], load_external_data=False).graph
-            shapes["decoder_step"] = {
-                v.name: [d.dim_value if d.HasField("dim_value") else (d.dim_param or None)
-                         for d in v.type.tensor_type.shape.dim] for v in [*graph.input, *graph.output]}
-        return shapes
+        step = session_shapes(self.decoder) if self.decoder is not None else file_shapes(self._paths[1])
+        return {"encoder": session_shapes(self.encoder), "decoder_step": step}
 
     def encode(self, src_ids: np.ndarray, src_lengths: np.ndarray) -> EncoderOutput:
         """src_ids (batch, src_len) int64, src_lengths (batch,) int64."""
@@ -231,6 +224,14 @@ class Runtime:
             return state
         return ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(state), "cuda", CUDA_DEVICE_ID)
 
+    def join_states(self, state: Any, new: np.ndarray) -> Any:
+        """The running rows' ``state`` (None: none) with ``new`` host rows after them; a fused step's
+        carried product grows by the new rows' alone."""
+        joined = self.state(new if state is None else np.concatenate([self.host_state(state), new]))
+        if self._fused is not None:
+            self._fused.join(state, joined, new)
+        return joined
+
     def host_state(self, state: Any) -> np.ndarray:
         """The state as a host array (rows, state_size)."""
         return state if isinstance(state, np.ndarray) else state.numpy()
@@ -239,7 +240,10 @@ class Runtime:
         """Rows ``index`` (new_rows,) of the state: a no-op when the order is unchanged."""
         if len(index) == _rows(state) and np.array_equal(index, np.arange(len(index))):
             return state
-        return self.state(self.host_state(state)[index])
+        rows = self.state(self.host_state(state)[index])
+        if self._fused is not None:  # the product carried to the next step follows
+            self._fused.follow(state, rows, index)
+        return rows
 
     def step(self, prev_tokens: np.ndarray, state: Any, context: Context, k: int,
              candidates: Candidates | None = None) -> StepOutput:
@@ -287,10 +291,6 @@ def _step_feed(prev_tokens: np.ndarray, state: Any, context: Context, k: int) ->
     feed = {"prev_tokens": prev_tokens, "state": state, "annotations": context.annotations,
             "keys": context.keys, "k": np.array(k, dtype=np.int64)}
     return {**feed, "src_mask": context.src_mask} if context.packed is None else {**feed, **context.packed}
-
-
-def _shapes(args: list[Any]) -> dict[str, list[int | str | None]]:
-    return {a.name: list(a.shape) for a in args}
 
 
 def _rows(state: Any) -> int:
