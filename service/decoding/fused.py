@@ -74,15 +74,16 @@ class FusedStep:
     def of(cls, step: onnx.ModelProto, load_graph: Callable[[bytes], Any], ctx_size: int,
            threads: int = 1, box: list | None = None) -> FusedStep:
         """``step`` cut (``split_step``, then ``split_output`` where it fits), each graph loaded by
-        ``load_graph`` (graph bytes -> an ONNX Runtime session); ValueError for a step graph the
-        first cut does not know."""
+        ``load_graph`` (graph bytes -> an ONNX Runtime session; ``quiet=True``: the query graph's, whose
+        pool must not spin: it runs at joins only, and a second spinning pool slows the first);
+        ValueError for a step graph the first cut does not know."""
         query, tail, v = split_step(step)
         try:
             middle, bias = split_output(tail)
             tail = with_next_product(middle, query)
         except ValueError:  # an output layer of another shape (a shortlist's): the rest graph does it
             bias = None
-        return cls(load_graph(query.SerializeToString()), load_graph(tail.SerializeToString()), v, ctx_size,
+        return cls(load_graph(query.SerializeToString(), quiet=True), load_graph(tail.SerializeToString()), v, ctx_size,
                    bias=bias, load_graph=load_graph, threads=threads, graphs={"query": query, "tail": tail}, box=box)
 
     def like(self, step: onnx.ModelProto) -> FusedStep:
@@ -159,6 +160,17 @@ class FusedStep:
                                     out["log_probs"], self.threads)
         out["attention"] = alpha
         return [out[n] for n in names]
+
+
+def kernel_threads(intra_op_threads: int | None, shared_pool: bool, spinning: bool) -> int:
+    """The kernels' threads: one beside a spinning ONNX Runtime pool (whose workers keep the other
+    cores busy between runs: a second kernel thread there made a 112-row step 1.5x slower on the
+    Zen 4, ``docs/speed-round2.md``); else the engine's intra-op threads (the cores for the default)."""
+    if spinning:
+        return 1
+    from service.process import cores
+
+    return intra_op_threads if intra_op_threads and not shared_pool else cores()[0]
 
 
 def check(reference: Callable, fused: FusedStep, feed: Mapping[str, np.ndarray], names: Sequence[str]

@@ -27,7 +27,6 @@ from service.decoding.sessions import (CUDA_DEVICE_ID, CUDA_OPTIONS, PROVIDERS, 
                                       _load_session, _session_options, file_shapes, provider_list, run_bound,
                                       session_shapes)
 from service.errors import ModelRepositoryError, ProviderUnavailableError
-from service.process import cores
 from service.models.manifest import DECODER_INPUTS, DECODER_OUTPUTS, ENCODER_INPUTS, ENCODER_OUTPUTS, Manifest
 
 STEP_OUTPUTS = ["topk_log_probs", "topk_ids", "next_state", "attention"]  # log_probs stays inside
@@ -103,10 +102,11 @@ class Runtime:
         self._fused: fused.FusedStep | None = None
         int8_cpu_steps = precision == "int8" and provider == "cpu" and steps
         if int8_cpu_steps and fused_attention:
-            self._fused = fused.load(self._step_graph(paths[1]), lambda model: ort.InferenceSession(
-                model, sess_options=step_options, providers=providers), lambda feed: self.decoder.run(
-                list(DECODER_OUTPUTS), dict(feed)), self._step_feed(), list(DECODER_OUTPUTS),
-                threads=intra_op_threads if intra_op_threads and not shared_pool else cores()[0])
+            query_options = _session_options(intra_op_threads, shared=shared_pool)
+            self._fused = fused.load(self._step_graph(paths[1]), lambda model, quiet=False: ort.InferenceSession(
+                model, sess_options=query_options if quiet else step_options, providers=providers),
+                lambda feed: self.decoder.run(list(DECODER_OUTPUTS), dict(feed)), self._step_feed(),
+                list(DECODER_OUTPUTS), threads=fused.kernel_threads(intra_op_threads, shared_pool, decoder_spinning))
         if int8_cpu_steps and packed_attention and self._fused is None:
             self._pack(paths[1], step_options, providers)
         self.shortlist: Shortlist | None = shortlist  # the texts' candidates; with steps, its sessions
