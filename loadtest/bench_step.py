@@ -88,9 +88,13 @@ def profiles(engines: dict, served: onnx.ModelProto, texts: list[str], args: arg
     out = {"step": sg.profile_served(engines["full"], feed, threads=args.threads)}  # as served for this layout
     if "shortlist" in engines:
         feed_s, candidates = sg.step_feed(engines["shortlist"], batch, beam=args.beam)
-        graph = shortlist_graph(served, gather=candidates.gathered)[0]
-        out["shortlist step"] = sg.profile_ops(graph.SerializeToString(), {**feed_s, **candidates.feed},
-                                               threads=args.threads)
+        if engines["shortlist"].runtime.attention_form == "fused":
+            out["shortlist step"] = sg.profile_served(engines["shortlist"], feed_s, threads=args.threads,
+                                                      candidates=candidates)
+        else:
+            graph = shortlist_graph(served, gather=candidates.gathered)[0]
+            out["shortlist step"] = sg.profile_ops(graph.SerializeToString(), {**feed_s, **candidates.feed},
+                                                   threads=args.threads)
     return out
 
 

@@ -65,6 +65,9 @@ def step_run(engine: Engine, feed: dict, candidates: object) -> Run:
     session = runtime.step_session("src_mask" not in feed, candidates)  # as served: packed where it pays
     full = feed if candidates is None else {**feed, **candidates.feed}
     outputs = ["topk_log_probs", "topk_ids", "next_state", "attention"]
+    if hasattr(session, "product"):  # fused (service.decoding.fused): as a running batch steps, the
+        product = session.product(full["state"])  # state's product carried from the step before
+        return lambda: (session.keep(full["state"], product), session.run(outputs, full))
     return lambda: session.run(outputs, full)
 
 
@@ -133,7 +136,7 @@ def profile_ops(model: bytes, feed: dict, *, threads: int, runs: int = 100) -> d
     return dict(sorted(per_op.items(), key=lambda kv: -kv[1]))
 
 
-def profile_served(engine: Engine, feed: dict, *, threads: int, runs: int = 100) -> dict[str, float]:
+def profile_served(engine: Engine, feed: dict, *, threads: int, runs: int = 100, candidates=None) -> dict[str, float]:
     """``profile_ops`` of the step as this engine serves it for ``feed``'s layout. With the fused
     kernels (``service.decoding.fused``): the ops of its graphs together, and each compiled kernel as
     one entry (timed, not profiled: ONNX Runtime does not see them)."""
@@ -143,7 +146,8 @@ def profile_served(engine: Engine, feed: dict, *, threads: int, runs: int = 100)
 
     if engine.runtime.attention_form != "fused":
         return profile_ops(served_step_graph(engine, feed).SerializeToString(), feed, threads=threads, runs=runs)
-    step = engine.runtime.step_session(False)
+    step = engine.runtime.step_session(False, candidates)
+    feed = feed if candidates is None else {**feed, **candidates.feed}
     stages = step.stages(feed)
     ops: dict[str, float] = {}
     for name in ("attention kernel", "output kernel"):

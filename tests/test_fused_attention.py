@@ -288,6 +288,22 @@ def test_texts_joining_a_running_batch_extend_the_carried_product(reversal_repos
     batch.step()
     batch.step()
     batch.add([((1, 0), engine.prepare_text("9 8", DecodingOptions(beam_size=2), 0))])  # two more rows
-    state, product = step._box[0]
+    state, product = step._box[-1]
     assert state is batch._state and len(product) == 3
     assert np.array_equal(product, step.query.run(None, {"state": engine.runtime.host_state(state)})[0])
+
+
+def test_two_batches_taking_turns_keep_their_own_carried_products(reversal_repository: Path) -> None:
+    """Two lanes' batches step in turns on one runtime: each finds its state's product."""
+    engine = Engine(reversal_repository, precision="int8", intra_op_threads=1)
+    step = engine.runtime.step_session(False)
+    runs = []
+    query_run = step.query.run
+    step.query.run = lambda *a, **k: runs.append(1) or query_run(*a, **k)
+    batches = [engine.new_batch(), engine.new_batch()]
+    for i, batch in enumerate(batches):
+        batch.add([((i, 0), engine.prepare_text("1 2 3 4 5 6 7 8 9", DecodingOptions(beam_size=2), 0))])
+    for _ in range(6):
+        for batch in batches:
+            batch.step()
+    assert len(runs) == 2  # one per join, none per step

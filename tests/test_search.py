@@ -107,6 +107,9 @@ class ScriptedRuntime:
     def gather_state(self, state, index):
         return state[index]
 
+    def join_states(self, state, new):
+        return new if state is None else np.concatenate([state, new])
+
     def context(self, *arrays):
         return arrays
 

@@ -38,6 +38,7 @@ from service.decoding.fused_graphs import (CONTEXT, NEXT_PRODUCT, PRODUCT, RAW, 
                                            split_step, with_next_product)
 
 log = logging.getLogger("nmt.fused")
+CARRIES = 4  # states whose product a fused step keeps (``FusedStep.keep``)
 
 try:
     from service.decoding import _attention
@@ -66,9 +67,10 @@ class FusedStep:
         self.threads, self.graphs, self._load = threads, graphs or {}, load_graph
         self._tail_inputs = [i.name for i in tail.get_inputs()]
         self._carried = NEXT_PRODUCT in {o.name for o in tail.get_outputs()}
-        # [(a next_state, its product) made by the last run, or None]: shared by the steps of one
-        # runtime (``like``), whichever of them runs next
-        self._box: list[tuple[Any, np.ndarray] | None] = box if box is not None else [None]
+        # [(a state, its product)], newest last, at most CARRIES: made by the runs (their next_state)
+        # and by ``follow`` and ``join``; shared by the steps of one runtime (``like``), whichever runs
+        # next, and kept for several states: two lanes' batches take turns on one runtime
+        self._box: list[tuple[Any, np.ndarray]] = box if box is not None else []
 
     @classmethod
     def of(cls, step: onnx.ModelProto, load_graph: Callable[[bytes], Any], ctx_size: int,
@@ -111,25 +113,33 @@ class FusedStep:
         return {**out, "middle graph": lambda: self.tail.run(wanted, tail_feed),
                 "output kernel": lambda: _attention.output_layer(raw, scale, self.bias, top, ids, None, self.threads)}
 
+    def _carried_for(self, state: Any) -> np.ndarray | None:
+        return next((product for kept, product in reversed(list(self._box)) if kept is state), None)
+
+    def keep(self, state: Any, product: np.ndarray) -> None:
+        """Remember ``product`` as ``state``'s (benchmarks use it to time a running batch's step)."""
+        self._box[:] = [*(c for c in self._box[-(CARRIES - 1):] if c[0] is not state), (state, product)]
+
     def follow(self, state: Any, rows: Any, index: np.ndarray) -> None:
         """``rows`` = ``state[index]`` (a beam reordered, rows removed): the carried product follows."""
-        if self._box[0] is not None and self._box[0][0] is state:
-            self._box[0] = (rows, self._box[0][1][index])
+        product = self._carried_for(state)
+        if product is not None:
+            self.keep(rows, product[index])
 
     def join(self, state: Any, joined: Any, new: np.ndarray) -> None:
         """``joined`` = ``state`` (or None) with the ``new`` rows after it (texts joined): the product
         carried for ``state`` grows by the new rows' (the query graph on them alone: a row's product does
         not depend on the rows beside it)."""
-        if self._carried and (state is None or self._box[0] is not None and self._box[0][0] is state):
+        before = None if state is None else self._carried_for(state)
+        if self._carried and (state is None or before is not None):
             fresh = self.query.run(None, {"state": new})[0]
-            self._box[0] = (joined, fresh if state is None else np.concatenate([self._box[0][1], fresh]))
+            self.keep(joined, fresh if before is None else np.concatenate([before, fresh]))
 
     def product(self, state: Any) -> np.ndarray:
         """The state's product: carried from the last run when ``state`` is its next_state (or
         followed it), else by the query graph (texts joined, or another caller's state)."""
-        if self._box[0] is not None and self._box[0][0] is state:
-            return self._box[0][1]
-        return self.query.run(None, {"state": state})[0]
+        product = self._carried_for(state)
+        return product if product is not None else self.query.run(None, {"state": state})[0]
 
     def run(self, names: Sequence[str] | None, feed: Mapping[str, np.ndarray]) -> list[np.ndarray]:
         product = self.product(feed["state"])
@@ -147,11 +157,11 @@ class FusedStep:
         if self.bias is None:
             want = [n for n in names if n != "attention"]
             out = dict(zip(want, self.tail.run(want, tail_feed)))
-            self._box[0] = None  # this run made no product to carry
         else:
             next_state, raw, scale, *carried = self.tail.run(
                 ["next_state", RAW, SCALE, *([NEXT_PRODUCT] if self._carried else [])], tail_feed)
-            self._box[0] = (next_state, carried[0]) if carried else None
+            if carried:
+                self.keep(next_state, carried[0])
             k = int(feed["k"])
             out = {"next_state": next_state, "topk_log_probs": np.empty((rows, k), np.float32),
                    "topk_ids": np.empty((rows, k), np.int64),
@@ -182,9 +192,10 @@ def check(reference: Callable, fused: FusedStep, feed: Mapping[str, np.ndarray],
         if name in TOLERANCE and not diff <= TOLERANCE[name]:
             return f"{name} differs from the graph's by {diff:.3g} (at most {TOLERANCE[name]})"
     whole = fused.run(names, feed)
-    if fused._box[0] is not None and "next_state" in names:
-        state = whole[list(names).index("next_state")]
-        if not np.array_equal(fused._box[0][1], fused.query.run(None, {"state": state})[0]):
+    state = whole[list(names).index("next_state")] if "next_state" in names else None
+    carried = fused._carried_for(state) if state is not None else None
+    if carried is not None:
+        if not np.array_equal(carried, fused.query.run(None, {"state": state})[0]):
             return "the next step's product made in the step is not the query graph's"
     for row in (0, len(feed["state"]) - 1):
         alone = fused.run(names, {n: (v if v.ndim == 0 else v[row:row + 1]) for n, v in feed.items()})
