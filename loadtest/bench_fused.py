@@ -134,11 +134,7 @@ def markdown(r: dict, args: argparse.Namespace) -> str:
               + ", ".join(f"{name} {ms:.3f}" for name, ms in r["parts"].items()) + ".", "",
               f"Profile (ONNX Runtime's kernel ms per op type, first draw at {rows} rows; fused: its two "
               "graphs' ops and the compiled kernel, timed):", "",
-              "| op | before | fused |", "|---|---:|---:|"]
-    a, b = r["profile"]["before"], r["profile"]["fused"]
-    for op in sorted(set(a) | set(b), key=lambda o: -max(a.get(o, 0), b.get(o, 0)))[:16]:
-        lines.append(f"| {op} | {a.get(op, 0):.3f} | {b.get(op, 0):.3f} |")
-    lines.append(f"| all | {sum(a.values()):.3f} | {sum(b.values()):.3f} |")
+              *sg.profile_table(r["profile"]["before"], r["profile"]["fused"], ("before", "fused"))]
     return "\n".join(lines) + "\n"
 
 

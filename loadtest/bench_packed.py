@@ -122,11 +122,7 @@ def markdown(r: dict, args: argparse.Namespace) -> str:
         ratio = statistics.median(d["padded_ms"] / d["packed_ms"] for d in draws)
         lines.append(f"| {rows} | median | | | | | | **{ratio:.2f}x** | | |")
     lines += ["", f"Profile (kernel ms per op type, first draw at {max(r['rows'])} rows):", "",
-              "| op | padded | packed |", "|---|---:|---:|"]
-    a, b = r["profile"]["padded"], r["profile"]["packed"]
-    for op in sorted(set(a) | set(b), key=lambda o: -max(a.get(o, 0), b.get(o, 0)))[:14]:
-        lines.append(f"| {op} | {a.get(op, 0):.3f} | {b.get(op, 0):.3f} |")
-    lines.append(f"| all | {sum(a.values()):.3f} | {sum(b.values()):.3f} |")
+              *sg.profile_table(r["profile"]["padded"], r["profile"]["packed"], ("padded", "packed"), top=14)]
     return "\n".join(lines) + "\n"
 
 

@@ -36,6 +36,41 @@ def translate_all(engine: Engine, sources: list[str], options: DecodingOptions) 
     return out, time.perf_counter() - start
 
 
+def comparison_parser(description: str, out: Path) -> argparse.ArgumentParser:
+    """The arguments of a script comparing two engines on corpus splits (``compare_engines``)."""
+    p = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("repository", type=Path)
+    p.add_argument("corpus", type=Path, help="corpus directory with <split>.jsonl")
+    p.add_argument("--splits", nargs="+", default=["test", "long"])
+    p.add_argument("--beam", type=int, default=5)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--out", type=Path, default=out)
+    return p
+
+
+def compare_engines(engines: dict, corpus: Path, splits: list[str], beam: int, label: str,
+                    same_key: str) -> list[dict]:
+    """Every split decoded greedy and with ``beam`` by each of two ``engines`` (name -> Engine), scored;
+    one row each (``label``: the engine's name), the second engine's row with ``same_key``: the share
+    of its translations identical to the first's."""
+    rows = []
+    for split in splits:
+        pairs = [json.loads(line) for line in (corpus / f"{split}.jsonl").read_text().splitlines() if line.strip()]
+        sources, refs = [p["src_raw"] for p in pairs], [p["tgt_raw"] for p in pairs]
+        for size in sorted({1, beam}):
+            hyps = {}
+            for name, engine in engines.items():
+                hyps[name], seconds = translate_all(engine, sources, DecodingOptions(beam_size=size))
+                rows.append({"split": split, "beam_size": size, label: name, "sentences": len(refs),
+                             "bleu": round(sacrebleu.corpus_bleu(hyps[name], [refs]).score, 2),
+                             "chrf": round(sacrebleu.corpus_chrf(hyps[name], [refs]).score, 2),
+                             "seconds": round(seconds, 1)})
+                print(rows[-1], flush=True)
+            first, second = hyps.values()
+            rows[-1][same_key] = round(sum(a == b for a, b in zip(first, second)) / len(refs), 4)
+    return rows
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("repository", type=Path)

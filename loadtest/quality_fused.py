@@ -12,17 +12,13 @@ the same text (the JSON also keeps each run's seconds: not a speed figure, see `
 
 from __future__ import annotations
 
-import argparse
 import json
 import platform
 from pathlib import Path
 
-import sacrebleu
-
-from quality_engine import translate_all  # this folder's script: the same decoding loop
+from quality_engine import compare_engines, comparison_parser  # this folder's script: the same decoding loop
 from service.decoding.engine import Engine
 from service.decoding.int8_form import reported_flags
-from service.options import DecodingOptions
 
 FORMS = {"graph": False, "fused": True}
 
@@ -30,22 +26,8 @@ FORMS = {"graph": False, "fused": True}
 def measure(repository: Path, corpus: Path, splits: list[str], beam: int, threads: int) -> list[dict]:
     engines = {form: Engine(repository, precision="int8", intra_op_threads=threads, fused_attention=on)
                for form, on in FORMS.items()}
-    assert engines["fused"].runtime.attention_form == "fused", "the kernel did not load: nothing to compare"
-    rows = []
-    for split in splits:
-        pairs = [json.loads(line) for line in (corpus / f"{split}.jsonl").read_text().splitlines() if line.strip()]
-        sources, refs = [p["src_raw"] for p in pairs], [p["tgt_raw"] for p in pairs]
-        for size in sorted({1, beam}):
-            hyps = {}
-            for form, engine in engines.items():
-                hyps[form], seconds = translate_all(engine, sources, DecodingOptions(beam_size=size))
-                rows.append({"split": split, "beam_size": size, "attention": form, "sentences": len(refs),
-                             "bleu": round(sacrebleu.corpus_bleu(hyps[form], [refs]).score, 2),
-                             "chrf": round(sacrebleu.corpus_chrf(hyps[form], [refs]).score, 2),
-                             "seconds": round(seconds, 1)})
-                print(rows[-1], flush=True)
-            rows[-1]["identical"] = round(sum(a == b for a, b in zip(hyps["graph"], hyps["fused"])) / len(refs), 4)
-    return rows
+    assert engines["fused"].runtime.attention_form == "fused", "the kernels did not load: nothing to compare"
+    return compare_engines(engines, corpus, splits, beam, "attention", "identical")
 
 
 def markdown(rows: list[dict], repository: Path, meta: dict, command: str) -> str:
@@ -62,14 +44,7 @@ def markdown(rows: list[dict], repository: Path, meta: dict, command: str) -> st
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("repository", type=Path)
-    p.add_argument("corpus", type=Path, help="corpus directory with <split>.jsonl")
-    p.add_argument("--splits", nargs="+", default=["test", "long"])
-    p.add_argument("--beam", type=int, default=5)
-    p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--out", type=Path, default=Path("loadtest/results/quality_fused"))
-    args = p.parse_args(argv)
+    args = comparison_parser(__doc__, Path("loadtest/results/quality_fused")).parse_args(argv)
     rows = measure(args.repository, args.corpus, args.splits, args.beam, args.threads)
     form = Engine(args.repository, precision="int8", intra_op_threads=1).int8_form
     meta = {"machine": f"{platform.machine()}, {platform.processor() or 'cpu'}", "flags": reported_flags(),

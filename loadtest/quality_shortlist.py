@@ -13,39 +13,20 @@ manifest's ``shortlist.bleu.<split>.<greedy|beamN>`` = {full, shortlist}, from w
 
 from __future__ import annotations
 
-import argparse
 import json
 import platform
 from pathlib import Path
 
-import sacrebleu
-
-from quality_engine import translate_all  # this folder's script: the same decoding loop
+from quality_engine import compare_engines, comparison_parser  # this folder's script: the same decoding loop
 from service.decoding.engine import Engine
 from service.decoding.int8_form import reported_flags
 from service.decoding.shortlist import ShortlistChoice
 from service.models.manifest import MANIFEST, write_manifest
-from service.options import DecodingOptions
 
 def measure(repository: Path, corpus: Path, splits: list[str], beam: int, threads: int) -> list[dict]:
-    engines = {mode: Engine(repository, precision="int8", intra_op_threads=threads, shortlist=mode)
+    engines = {mode.value: Engine(repository, precision="int8", intra_op_threads=threads, shortlist=mode)
                for mode in (ShortlistChoice.OFF, ShortlistChoice.ON)}
-    rows = []
-    for split in splits:
-        pairs = [json.loads(line) for line in (corpus / f"{split}.jsonl").read_text().splitlines() if line.strip()]
-        sources, refs = [p["src_raw"] for p in pairs], [p["tgt_raw"] for p in pairs]
-        for size in sorted({1, beam}):
-            hyps = {}
-            for mode, engine in engines.items():
-                hyps[mode], seconds = translate_all(engine, sources, DecodingOptions(beam_size=size))
-                rows.append({"split": split, "beam_size": size, "shortlist": mode.value, "sentences": len(refs),
-                             "bleu": round(sacrebleu.corpus_bleu(hyps[mode], [refs]).score, 2),
-                             "chrf": round(sacrebleu.corpus_chrf(hyps[mode], [refs]).score, 2),
-                             "seconds": round(seconds, 1)})
-                print(rows[-1], flush=True)
-            same = sum(a == b for a, b in zip(hyps[ShortlistChoice.OFF], hyps[ShortlistChoice.ON]))
-            rows[-1]["identical_to_full"] = round(same / len(refs), 4)
-    return rows
+    return compare_engines(engines, corpus, splits, beam, "shortlist", "identical_to_full")
 
 
 def markdown(rows: list[dict], repository: Path, meta: dict) -> str:
@@ -73,13 +54,7 @@ def record(repository: Path, rows: list[dict]) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("repository", type=Path)
-    p.add_argument("corpus", type=Path, help="corpus directory with <split>.jsonl")
-    p.add_argument("--splits", nargs="+", default=["test", "long"])
-    p.add_argument("--beam", type=int, default=5)
-    p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--out", type=Path, default=Path("loadtest/results"))
+    p = comparison_parser(__doc__, Path("loadtest/results"))
     p.add_argument("--record", action="store_true", help="write the figures into the manifest's shortlist.bleu")
     args = p.parse_args(argv)
     rows = measure(args.repository, args.corpus, args.splits, args.beam, args.threads)

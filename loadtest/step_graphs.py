@@ -165,3 +165,11 @@ def profile_served(engine: Engine, feed: dict, *, threads: int, runs: int = 100,
         for op, ms in profile_ops(graph.SerializeToString(), inputs, threads=threads, runs=runs).items():
             ops[op] = ops.get(op, 0.0) + ms
     return dict(sorted(ops.items(), key=lambda kv: -kv[1]))
+
+
+def profile_table(a: dict[str, float], b: dict[str, float], names: tuple[str, str], top: int = 16) -> list[str]:
+    """Two profiles (op -> ms) side by side as markdown rows, the largest ops first, and their totals."""
+    lines = [f"| op | {names[0]} | {names[1]} |", "|---|---:|---:|"]
+    for op in sorted(set(a) | set(b), key=lambda o: -max(a.get(o, 0), b.get(o, 0)))[:top]:
+        lines.append(f"| {op} | {a.get(op, 0):.3f} | {b.get(op, 0):.3f} |")
+    return lines + [f"| all | {sum(a.values()):.3f} | {sum(b.values()):.3f} |"]

@@ -307,3 +307,15 @@ def test_two_batches_taking_turns_keep_their_own_carried_products(reversal_repos
         for batch in batches:
             batch.step()
     assert len(runs) == 2  # one per join, none per step
+
+
+def test_bench_fused_runs_on_a_shipped_repository(reversal_repository: Path, reversal_corpus: Path,
+                                                  tmp_path: Path) -> None:
+    from loadtest import bench_fused
+
+    out = tmp_path / "bench_fused"
+    assert bench_fused.main([str(reversal_repository), "--texts", str(reversal_corpus / "test.jsonl"), "--rows", "1",
+                             "9", "--draws", "1", "--rounds", "1", "--out", str(out)]) == 0
+    text = out.with_suffix(".md").read_text()
+    assert "| 9 | median |" in text and "attention kernel (compiled, timed)" in text
+    assert "| 100.0% |" in text  # the same best word in every row: the reversal model is sure of itself
