@@ -319,3 +319,47 @@ def test_bench_fused_runs_on_a_shipped_repository(reversal_repository: Path, rev
     text = out.with_suffix(".md").read_text()
     assert "| 9 | median |" in text and "attention kernel (compiled, timed)" in text
     assert "| 100.0% |" in text  # the same best word in every row: the reversal model is sure of itself
+
+
+_CLONES = {"arch=x86-64-v4": {"avx512f", "avx512bw", "avx512vl", "avx512dq"}, "arch=x86-64-v3": {"avx2", "fma"},
+           "arch=x86-64": set()}
+
+
+@pytest.mark.parametrize("target", list(_CLONES))
+def test_each_clone_of_the_kernels_matches_the_references(target: str, tmp_path: Path) -> None:
+    """The build holds the kernels for AVX-512, AVX2 + FMA and the baseline; the CPU picks one. Each is
+    compiled alone here (``NMT_TARGET``) and checked against the float64 references, so a clone this
+    machine would not pick is still tested wherever the CPU can run it."""
+    import importlib.machinery
+    import importlib.util
+    import shutil
+    import subprocess
+    import sysconfig
+
+    compiler = shutil.which("cc") or shutil.which("gcc")
+    if compiler is None:
+        pytest.skip("no C compiler")
+    flags = set(Path("/proc/cpuinfo").read_text().split()) if Path("/proc/cpuinfo").exists() else set()
+    if not _CLONES[target] <= flags:
+        pytest.skip(f"this CPU cannot run the {target} clone (lacks {sorted(_CLONES[target] - flags)})")
+    source = Path(fused.__file__).parent
+    built = tmp_path / f"_attention{sysconfig.get_config_var('EXT_SUFFIX')}"
+    subprocess.run([compiler, "-O3", "-std=gnu11", "-Wno-psabi", "-shared", "-fPIC", f"-DNMT_TARGET=\"{target}\"",
+                    f"-I{sysconfig.get_paths()['include']}", str(source / "attention.c"), str(source / "output_layer.c"),
+                    "-o", str(built)], check=True, capture_output=True, timeout=120)
+    spec = importlib.util.spec_from_loader("_attention", importlib.machinery.ExtensionFileLoader("_attention", str(built)))
+    clone = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(clone)
+    rng = np.random.default_rng(11)
+    product, keys, annotations, lengths, v = _inputs(rng, 9, 13, 48, 40, 8)
+    alpha, context = np.empty((9, 13), np.float32), np.empty((9, 40), np.float32)
+    clone.attend(product, keys, annotations, lengths, v, alpha, context)
+    want_alpha, want_context = _reference(product[:, :48], keys, annotations, lengths, v)
+    np.testing.assert_allclose(alpha, want_alpha, atol=2e-6)
+    np.testing.assert_allclose(context, want_context, atol=1e-5)
+    raw = rng.normal(0, 4, (7, 203)).astype(np.float32)
+    scale, bias = rng.uniform(0.1, 2, (7, 1)).astype(np.float32), rng.normal(0, 1, 203).astype(np.float32)
+    values, ids, log_probs = np.empty((7, 6), np.float32), np.empty((7, 6), np.int64), np.empty((7, 203), np.float32)
+    clone.output_layer(raw, scale, bias, values, ids, log_probs)
+    np.testing.assert_allclose(log_probs, _log_softmax64(raw, scale, bias), atol=2e-5)
+    np.testing.assert_array_equal(ids, np.argsort(-log_probs, axis=1, kind="stable")[:, :6])

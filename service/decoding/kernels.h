@@ -11,7 +11,14 @@
 #include <string.h>
 
 #define LANES 16
+/* One build for every x86-64 CPU: each kernel compiled for AVX-512, AVX2 + FMA and the baseline, the
+ * clone chosen at load. NMT_TARGET builds one of them alone (tests/test_fused_attention.py checks
+ * each clone's results on any CPU that can run it). */
+#ifdef NMT_TARGET
+#define CLONES __attribute__((target(NMT_TARGET)))
+#else
 #define CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#endif
 typedef float vf __attribute__((vector_size(LANES * 4)));
 typedef int32_t vi __attribute__((vector_size(LANES * 4)));
 
