@@ -4,6 +4,7 @@ graph's own operators, and for batch invariance."""
 
 from __future__ import annotations
 
+import json
 import logging
 from pathlib import Path
 
@@ -317,8 +318,10 @@ def test_bench_fused_runs_on_a_shipped_repository(reversal_repository: Path, rev
     assert bench_fused.main([str(reversal_repository), "--texts", str(reversal_corpus / "test.jsonl"), "--rows", "1",
                              "9", "--draws", "1", "--rounds", "1", "--out", str(out)]) == 0
     text = out.with_suffix(".md").read_text()
-    assert "| 9 | median |" in text and "attention kernel (compiled, timed)" in text
-    assert "| 100.0% |" in text  # the same best word in every row: the reversal model is sure of itself
+    assert "| 9 | median |" in text and "| 100.0% |" in text  # the same best word in every row
+    profile = json.loads(out.with_suffix(".json").read_text())["profile"]
+    assert {"attention kernel (compiled, timed)", "output kernel (compiled, timed)"} <= set(profile["fused"])
+    assert "LogSoftmax" in profile["before"] and "LogSoftmax" not in profile["fused"]
 
 
 _CLONES = {"arch=x86-64-v4": {"avx512f", "avx512bw", "avx512vl", "avx512dq"}, "arch=x86-64-v3": {"avx2", "fma"},
