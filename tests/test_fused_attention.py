@@ -180,6 +180,7 @@ def test_the_shortlist_sessions_are_fused_too(reversal_repository: Path, reversa
     engine = Engine(repo, precision="int8", intra_op_threads=1, shortlist=ShortlistChoice.ON)
     graph = Engine(repo, precision="int8", intra_op_threads=1, shortlist=ShortlistChoice.ON, fused_attention=False)
     assert all(isinstance(s, fused.FusedStep) for s in engine.runtime._step_sessions.values())
+    assert all(s.query is engine.runtime._fused.query for s in engine.runtime._step_sessions.values())
     texts = ["4 5 6", "1 2 3 4 5 6 7 8 9", "7 0 7"]
     for options in (DecodingOptions(), DecodingOptions(beam_size=3)):
         got = [t.hypotheses[0].text for t in engine.translate(texts, options)]
@@ -272,11 +273,12 @@ def test_the_next_product_is_carried_from_the_step_through_beam_reorders(reversa
         got = engine.translate(["1 2 3 4 5 6 7 8"], options)[0]
         assert got.steps > 5 and len(runs) == 1, (got.steps, len(runs))
         assert got.hypotheses[0].text == graph.translate(["1 2 3 4 5 6 7 8"], options)[0].hypotheses[0].text
-    step._carried = False  # the query graph at every step
+    carrying = step._tail_outputs
+    step._tail_outputs = [n for n in carrying if n != fused.NEXT_PRODUCT]  # the query graph at every step
     runs.clear()
     uncarried = engine.translate(["3 1 4 1 5", "9 2 6"], DecodingOptions(beam_size=3))
     assert len(runs) == max(t.steps for t in uncarried)
-    step._carried = True
+    step._tail_outputs = carrying
     carried = engine.translate(["3 1 4 1 5", "9 2 6"], DecodingOptions(beam_size=3))
     assert [h.score for t in carried for h in t.hypotheses] == [h.score for t in uncarried for h in t.hypotheses]
 

@@ -66,7 +66,9 @@ class FusedStep:
         self.query, self.tail, self.v, self.ctx_size, self.bias = query, tail, v, ctx_size, bias
         self.threads, self.graphs, self._load = threads, graphs or {}, load_graph
         self._tail_inputs = [i.name for i in tail.get_inputs()]
-        self._carried = NEXT_PRODUCT in {o.name for o in tail.get_outputs()}
+        # with the output kernel: what the middle graph gives it, and the next step's product if it makes one
+        made = {o.name for o in tail.get_outputs()}
+        self._tail_outputs = ["next_state", RAW, SCALE, *([NEXT_PRODUCT] if NEXT_PRODUCT in made else [])]
         # [(a state, its product)], newest last, at most CARRIES: made by the runs (their next_state)
         # and by ``follow`` and ``join``; shared by the steps of one runtime (``like``), whichever runs
         # next, and kept for several states: two lanes' batches take turns on one runtime
@@ -74,44 +76,64 @@ class FusedStep:
 
     @classmethod
     def of(cls, step: onnx.ModelProto, load_graph: Callable[[bytes], Any], ctx_size: int,
-           threads: int = 1, box: list | None = None) -> FusedStep:
+           threads: int = 1, box: list | None = None, like: FusedStep | None = None) -> FusedStep:
         """``step`` cut (``split_step``, then ``split_output`` where it fits), each graph loaded by
         ``load_graph`` (graph bytes -> an ONNX Runtime session; ``quiet=True``: the query graph's, whose
         pool must not spin: it runs at joins only, and a second spinning pool slows the first);
-        ValueError for a step graph the first cut does not know."""
+        ValueError for a step graph the first cut does not know. ``like``: a fused step whose query
+        session serves this one too where the query graphs are the same (a shortlist's step)."""
         query, tail, v = split_step(step)
         try:
             middle, bias = split_output(tail)
             tail = with_next_product(middle, query)
         except ValueError:  # an output layer of another shape (a shortlist's): the rest graph does it
             bias = None
-        return cls(load_graph(query.SerializeToString(), quiet=True), load_graph(tail.SerializeToString()), v, ctx_size,
-                   bias=bias, load_graph=load_graph, threads=threads, graphs={"query": query, "tail": tail}, box=box)
+        same = like is not None and like.graphs.get("query") == query
+        query_session = like.query if same else load_graph(query.SerializeToString(), quiet=True)
+        return cls(query_session, load_graph(tail.SerializeToString()), v, ctx_size, bias=bias,
+                   load_graph=load_graph, threads=threads, graphs={"query": query, "tail": tail}, box=box)
 
     def like(self, step: onnx.ModelProto) -> FusedStep:
         """Another step graph of the same model (a shortlist's) in the fused form, loaded alike."""
         assert self._load is not None
-        return FusedStep.of(step, self._load, self.ctx_size, self.threads, self._box)
+        return FusedStep.of(step, self._load, self.ctx_size, self.threads, self._box, like=self)
 
     def stages(self, feed: Mapping[str, np.ndarray]) -> dict[str, Callable[[], object]]:
         """Each part of ``run`` on ``feed`` alone, by name (for benchmarks); the parts' inputs made once."""
         product = self.query.run(None, {"state": feed["state"]})[0]
-        rows, src_len = feed["src_mask"].shape
-        alpha, context = np.empty((rows, src_len), np.float32), np.empty((rows, self.ctx_size), np.float32)
-        lengths = feed["src_mask"].sum(axis=1, dtype=np.int64)
-        values = {**feed, PRODUCT: product, CONTEXT: context}
-        tail_feed = {n: values[n] for n in self._tail_inputs}
-        out = {"query graph": lambda: self.query.run(None, {"state": feed["state"]}),
-               "attention kernel": lambda: _attention.attend(product, feed["keys"], feed["annotations"], lengths,
-                                                             self.v, alpha, context, self.threads)}
+        attend, alpha, tail_feed = self._attention(product, feed)
+        out = {"query graph": lambda: self.query.run(None, {"state": feed["state"]}), "attention kernel": attend}
         if self.bias is None:
             return {**out, "rest graph": lambda: self.tail.run(["topk_log_probs", "topk_ids", "next_state"], tail_feed)}
-        wanted = ["next_state", RAW, SCALE, *([NEXT_PRODUCT] if self._carried else [])]
-        _, raw, scale, *_ = self.tail.run(wanted, tail_feed)
-        k = int(feed["k"])
-        top, ids = np.empty((rows, k), np.float32), np.empty((rows, k), np.int64)
-        return {**out, "middle graph": lambda: self.tail.run(wanted, tail_feed),
-                "output kernel": lambda: _attention.output_layer(raw, scale, self.bias, top, ids, None, self.threads)}
+        _, raw, scale, *_ = self.tail.run(self._tail_outputs, tail_feed)
+        top = self._top(raw, int(feed["k"]), False)
+        return {**out, "middle graph": lambda: self.tail.run(self._tail_outputs, tail_feed),
+                "output kernel": lambda: _attention.output_layer(raw, scale, self.bias, *top, self.threads)}
+
+    def _attention(self, product: np.ndarray, feed: Mapping[str, np.ndarray]
+                   ) -> tuple[Callable[[], None], np.ndarray, dict[str, np.ndarray]]:
+        """(the attention kernel's call, the attention it fills, the tail graph's feed with the context
+        it fills) for ``feed`` and the state's ``product``."""
+        mask = feed["src_mask"]
+        alpha = np.empty(mask.shape, np.float32)
+        context = np.empty((mask.shape[0], self.ctx_size), np.float32)
+        keys, annotations = np.ascontiguousarray(feed["keys"]), np.ascontiguousarray(feed["annotations"])
+        lengths = mask.sum(axis=1, dtype=np.int64)
+        values = {**feed, PRODUCT: product, CONTEXT: context}
+        return (lambda: _attention.attend(product, keys, annotations, lengths, self.v, alpha, context, self.threads),
+                alpha, {n: values[n] for n in self._tail_inputs})
+
+    @staticmethod
+    def _top(raw: np.ndarray, k: int, log_probs: bool) -> tuple[np.ndarray, ...]:
+        """The output kernel's arrays to fill: top-k values and ids, and the log-probabilities or None."""
+        rows = len(raw)
+        return (np.empty((rows, k), np.float32), np.empty((rows, k), np.int64),
+                np.empty(raw.shape, np.float32) if log_probs else None)
+
+    @property
+    def _carried(self) -> bool:
+        """Whether the runs make the next step's product (the middle graph of ``with_next_product``)."""
+        return NEXT_PRODUCT in self._tail_outputs
 
     def _carried_for(self, state: Any) -> np.ndarray | None:
         return next((product for kept, product in reversed(list(self._box)) if kept is state), None)
@@ -142,32 +164,20 @@ class FusedStep:
         return product if product is not None else self.query.run(None, {"state": state})[0]
 
     def run(self, names: Sequence[str] | None, feed: Mapping[str, np.ndarray]) -> list[np.ndarray]:
-        product = self.product(feed["state"])
-        mask = feed["src_mask"]
-        rows, src_len = mask.shape
-        alpha = np.empty((rows, src_len), np.float32)
-        context = np.empty((rows, self.ctx_size), np.float32)
-        _attention.attend(product, np.ascontiguousarray(feed["keys"]),
-                          np.ascontiguousarray(feed["annotations"]), mask.sum(axis=1, dtype=np.int64),
-                          self.v, alpha, context, self.threads)
-        values = {**feed, PRODUCT: product, CONTEXT: context}
-        tail_feed = {n: values[n] for n in self._tail_inputs}
+        attend, alpha, tail_feed = self._attention(self.product(feed["state"]), feed)
+        attend()
         names = list(names) if names is not None else ["log_probs", "topk_log_probs", "topk_ids", "next_state",
                                                        "attention"]
         if self.bias is None:
             want = [n for n in names if n != "attention"]
             out = dict(zip(want, self.tail.run(want, tail_feed)))
         else:
-            next_state, raw, scale, *carried = self.tail.run(
-                ["next_state", RAW, SCALE, *([NEXT_PRODUCT] if self._carried else [])], tail_feed)
+            next_state, raw, scale, *carried = self.tail.run(self._tail_outputs, tail_feed)
             if carried:
                 self.keep(next_state, carried[0])
-            k = int(feed["k"])
-            out = {"next_state": next_state, "topk_log_probs": np.empty((rows, k), np.float32),
-                   "topk_ids": np.empty((rows, k), np.int64),
-                   "log_probs": np.empty(raw.shape, np.float32) if "log_probs" in names else None}
-            _attention.output_layer(raw, scale, self.bias, out["topk_log_probs"], out["topk_ids"],
-                                    out["log_probs"], self.threads)
+            top = self._top(raw, int(feed["k"]), "log_probs" in names)
+            _attention.output_layer(raw, scale, self.bias, *top, self.threads)
+            out = {"next_state": next_state, **dict(zip(("topk_log_probs", "topk_ids", "log_probs"), top))}
         out["attention"] = alpha
         return [out[n] for n in names]
 
@@ -187,11 +197,11 @@ def check(reference: Callable, fused: FusedStep, feed: Mapping[str, np.ndarray],
           ) -> str | None:
     """None when ``fused`` agrees with the graph (``reference``: feed -> outputs ``names``) within
     ``TOLERANCE`` on ``feed`` and gives each row alone the bits it gives it in the batch."""
-    for name, a, b in zip(names, reference(feed), fused.run(names, feed)):
+    whole = fused.run(names, feed)
+    for name, a, b in zip(names, reference(feed), whole):
         diff = float(np.abs(a.astype(np.float64) - b.astype(np.float64)).max()) if a.shape == b.shape else np.inf
         if name in TOLERANCE and not diff <= TOLERANCE[name]:
             return f"{name} differs from the graph's by {diff:.3g} (at most {TOLERANCE[name]})"
-    whole = fused.run(names, feed)
     state = whole[list(names).index("next_state")] if "next_state" in names else None
     carried = fused._carried_for(state) if state is not None else None
     if carried is not None:

@@ -15,6 +15,8 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
+from service.decoding.packed import attention_chain
+
 PRODUCT, CONTEXT = "fused/state_product", "fused/context"
 RAW, SCALE = "fused/output_product", "fused/output_scale"  # the middle graph's outputs
 NEXT_PRODUCT = "fused/next_state_product"  # and the next step's state product (``with_next_product``)
@@ -24,21 +26,6 @@ SHAPES = {PRODUCT: ["rows", "product"], CONTEXT: ["rows", "ctx_size"], RAW: ["ro
 _CHAIN = ("Add", "Tanh", "Reshape", "Gemm", "Reshape", "Where", "Softmax", "Unsqueeze", "MatMul", "Reshape")
 
 
-def _users(graph: onnx.GraphProto, name: str) -> list[onnx.NodeProto]:
-    return [n for n in graph.node if name in n.input]
-
-
-def _follow(graph: onnx.GraphProto, start: onnx.NodeProto) -> list[onnx.NodeProto]:
-    chain = [start]
-    for op in _CHAIN[1:]:
-        users = _users(graph, chain[-1].output[0])
-        if len(users) != 1 or users[0].op_type != op:
-            raise ValueError(f"attention chain: {[u.op_type for u in users]} after {chain[-1].op_type}, "
-                             f"where one {op} was expected")
-        chain.append(users[0])
-    return chain
-
-
 def split_step(step: onnx.ModelProto) -> tuple[onnx.ModelProto, onnx.ModelProto, np.ndarray]:
     """(query graph, rest graph, v) of an int8 step graph; ValueError for a graph whose attention
     is not the chain keys + Split(product)[0] -> Tanh -> Gemm (``v``) -> Where -> Softmax ->
@@ -46,10 +33,7 @@ def split_step(step: onnx.ModelProto) -> tuple[onnx.ModelProto, onnx.ModelProto,
     step, original = onnx.ModelProto(), step
     step.CopyFrom(original)  # the rest graph's nodes are renamed in place
     graph = step.graph
-    adds = [n for n in graph.node if n.op_type == "Add" and "keys" in n.input]
-    if len(adds) != 1:
-        raise ValueError(f"{len(adds)} Add nodes read 'keys', not one")
-    chain = _follow(graph, adds[0])
+    chain = attention_chain(graph, _CHAIN)
     add, gemm, where, softmax, matmul = chain[0], chain[3], chain[5], chain[6], chain[8]
     if softmax.output[0] != "attention" or "annotations" not in matmul.input or "src_mask" not in where.input:
         raise ValueError("the chain does not end in the 'attention' output and a product with 'annotations'")
@@ -83,7 +67,7 @@ def split_output(rest: onnx.ModelProto) -> tuple[onnx.ModelProto, np.ndarray]:
     """(middle graph, bias) of a rest graph (``split_step``) whose ``log_probs`` is LogSoftmax(Mul(
     MatMulIntegerToFloat, scale) + bias) with a constant bias, and whose top-k reads only that: the
     middle graph outputs ``next_state``, ``RAW`` (the product) and ``SCALE`` (rows, 1); ValueError else."""
-    model, graph = onnx.ModelProto(), None
+    model = onnx.ModelProto()
     model.CopyFrom(rest)
     graph = model.graph
     producer = {o: n for n in graph.node for o in n.output}

@@ -52,6 +52,20 @@ def _consumer(graph: onnx.GraphProto, name: str) -> onnx.NodeProto:
     return users[0]
 
 
+def attention_chain(graph: onnx.GraphProto, ops: tuple[str, ...]) -> list[onnx.NodeProto]:
+    """The nodes from the one Add reading ``keys`` through ``ops`` (each node the only reader of the
+    one before); ValueError for a graph whose attention is another chain (also ``service.decoding.fused_graphs``)."""
+    adds = [n for n in graph.node if n.op_type == "Add" and "keys" in n.input]
+    if len(adds) != 1:
+        raise ValueError(f"{len(adds)} Add nodes read 'keys', not one")
+    chain = [adds[0]]
+    for op in ops[1:]:
+        chain.append(_consumer(graph, chain[-1].output[0]))
+        if chain[-1].op_type != op:
+            raise ValueError(f"attention chain: {chain[-1].op_type} where {op} was expected")
+    return chain
+
+
 def pack_attention(step: onnx.ModelProto) -> onnx.ModelProto:
     """The int8 step graph (``export.graphs.int8_step``) with packed attention scores; ValueError
     when the graph's attention is not the chain keys + query -> Tanh -> Reshape -> Gemm (``v``)
@@ -59,14 +73,7 @@ def pack_attention(step: onnx.ModelProto) -> onnx.ModelProto:
     model = onnx.ModelProto()
     model.CopyFrom(step)
     graph = model.graph
-    adds = [n for n in graph.node if n.op_type == "Add" and "keys" in n.input]
-    if len(adds) != 1:
-        raise ValueError(f"{len(adds)} Add nodes read 'keys', not one")
-    chain = [adds[0]]
-    for op in _CHAIN[1:]:
-        chain.append(_consumer(graph, chain[-1].output[0]))
-        if chain[-1].op_type != op:
-            raise ValueError(f"attention chain: {chain[-1].op_type} where {op} was expected")
+    chain = attention_chain(graph, _CHAIN)
     add, tanh, _, gemm, _, where, softmax = chain
     unsqueeze = next((n for n in graph.node if n.output[0] in add.input and n.op_type == "Unsqueeze"), None)
     if unsqueeze is None:

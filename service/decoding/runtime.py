@@ -189,7 +189,7 @@ class Runtime:
                                        (False, masked, {"row_bias": ["rows", "vocab_size"]}))}
 
     def _step_feed(self) -> dict[str, np.ndarray]:
-        shapes = {a.name: a.shape for a in [*self.decoder.get_inputs(), *self.decoder.get_outputs()]}
+        shapes = session_shapes(self.decoder)
         return int8_form.step_feed(rows=KNOWN_ANSWER_ROWS, src_len=KNOWN_ANSWER_SRC_LEN,
                                    state_size=shapes["state"][1], ctx_size=shapes["annotations"][2],
                                    key_size=shapes["keys"][2], vocab_size=shapes["log_probs"][1])
