@@ -115,9 +115,9 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 
-# serving only: no torch. setup.py compiles the fused attention kernel (service/decoding/attention.c)
-# where a C compiler is found; without one the service runs the step on ONNX Runtime's operators.
-NATIVE := setup.py service/decoding/attention.c
+# serving only: no torch. setup.py compiles the fused kernels (service/decoding/*.c: attention, output layer, encoder)
+# where a C compiler is found; without one the service runs on ONNX Runtime's operators alone.
+NATIVE := setup.py $(wildcard service/decoding/*.c service/decoding/*.h)
 $(VENV)/.serve: pyproject.toml $(NATIVE) | $(BIN)/python
 	$(BIN)/pip install -q -e .
 	touch $@

@@ -35,6 +35,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "loadtest"))
 
 import step_graphs as sg  # noqa: E402
+from service.decoding.engine import Engine  # noqa: E402
 from service.decoding.int8_form import reported_flags  # noqa: E402
 from service.decoding.shortlist import shortlist_graph  # noqa: E402
 
@@ -74,10 +75,18 @@ def step_row(engines: dict, served: onnx.ModelProto, texts: list[str], rows: int
 
 
 def encoder_rows(engine, texts: list[str], args: argparse.Namespace) -> list[dict]:
+    """The encoder as served, and (where it is the fused encoder) ONNX Runtime's GRU beside it, alternating."""
+    graph = None
+    if engine.runtime.encoder_form == "fused":
+        graph = Engine(args.repository, precision="int8", intra_op_threads=args.threads, fused_encoder=False)
     out = []
     for count in args.encoder_texts:
-        ms = measure({"encoder": sg.encoder_run(engine, texts[:count])}, args.rounds, args.steps)["encoder"]
-        out.append({"texts": count, "ms": ms, "ms_per_text": ms / count})
+        runs = {"encoder": sg.encoder_run(engine, texts[:count])}
+        if graph is not None:
+            runs["graph encoder"] = sg.encoder_run(graph, texts[:count])
+        ms = measure(runs, args.rounds, args.steps)
+        out.append({"texts": count, "ms": ms["encoder"], "ms_per_text": ms["encoder"] / count,
+                    "form": engine.runtime.encoder_form, **({"graph_ms": ms["graph encoder"]} if graph else {})})
     return out
 
 
@@ -114,8 +123,12 @@ def report(r: dict) -> str:
                  f"{x.get('candidates', '-')}", f"{s:.3f}" if s else "-", f"{sf:.3f}" if sf else "-",
                  f"{s / sf:.2f}" if s and sf else "-", f"{x['step'] / s:.2f}x" if s else "-"]
         lines.append("| " + " | ".join(cells) + " |")
-    lines += ["", "Encoder (texts of 8 to 14 words):", "", "| texts | ms per run | ms per text |", "|---:|---:|---:|"]
-    lines += [f"| {e['texts']} | {e['ms']:.3f} | {e['ms_per_text']:.3f} |" for e in r["encoder"]]
+    lines += ["", "Encoder (texts of 8 to 14 words; graph: ONNX Runtime's GRU, where the served one is fused):", "",
+              "| texts | encoder | ms per run | ms per text | graph ms per run | served / graph |",
+              "|---:|---|---:|---:|---:|---:|"]
+    lines += [f"| {e['texts']} | {e.get('form', '-')} | {e['ms']:.3f} | {e['ms_per_text']:.3f} | "
+              + (f"{e['graph_ms']:.3f} | {e['ms'] / e['graph_ms']:.2f}x |" if "graph_ms" in e else "- | - |")
+              for e in r["encoder"]]
     for name, ops in r.get("profile", {}).items():
         total = sum(ops.values())
         lines += ["", f"Profile of the {name} at {m['profile']} rows (mean kernel ms per op type; "

@@ -1,13 +1,16 @@
-"""Does the fused attention kernel cost BLEU? The serving engine with and without it, on two splits.
+"""Does a fused kernel cost BLEU? The serving engine with and without it, on two splits.
 
-    python loadtest/quality_fused.py REPOSITORY CORPUS [--splits test long] [--beam 5] [--threads 2]
+    python loadtest/quality_fused.py REPOSITORY CORPUS [--kernel attention|encoder] [--splits test long]
+        [--beam 5] [--threads 2]
 
 Decodes every source of ``CORPUS/<split>.jsonl`` with ``service.decoding.engine.Engine``
 (int8, the served graphs, this CPU's int8 form) twice: the step's attention by ONNX Runtime's
 operators (packed attention, the form before) and by the compiled kernel
 (``service/decoding/fused.py``: its own tanh, sums in another order), greedy and beam ``--beam``,
-and scores them like ``nmt evaluate`` (sacreBLEU, chrF). Also counts the translations that are
-the same text (the JSON also keeps each run's seconds: not a speed figure, see ``bench_fused.py``). Writes ``loadtest/results/quality_fused.{md,json}`` with the CPU's flags.
+and scores them like ``nmt evaluate`` (sacreBLEU, chrF). ``--kernel encoder``: the encoder's GRU
+by ONNX Runtime (fp32) and by the compiled kernel (``service/decoding/fused_encoder.py``: int8
+recurrence), the step fused in both. Also counts the translations that are
+the same text (the JSON also keeps each run's seconds: not a speed figure, see ``bench_fused.py``). Writes ``loadtest/results/quality_fused[_encoder].{md,json}`` with the CPU's flags.
 """
 
 from __future__ import annotations
@@ -23,18 +26,24 @@ from service.decoding.int8_form import reported_flags
 FORMS = {"graph": False, "fused": True}
 
 
-def measure(repository: Path, corpus: Path, splits: list[str], beam: int, threads: int) -> list[dict]:
-    engines = {form: Engine(repository, precision="int8", intra_op_threads=threads, fused_attention=on)
+def measure(repository: Path, corpus: Path, splits: list[str], beam: int, threads: int, kernel: str) -> list[dict]:
+    engines = {form: Engine(repository, precision="int8", intra_op_threads=threads,
+                            **{"fused_" + kernel: on, "fused_encoder" if kernel == "attention" else "fused_attention": True})
                for form, on in FORMS.items()}
-    assert engines["fused"].runtime.attention_form == "fused", "the kernels did not load: nothing to compare"
-    return compare_engines(engines, corpus, splits, beam, "attention", "identical")
+    forms = {"attention": engines["fused"].runtime.attention_form, "encoder": engines["fused"].runtime.encoder_form}
+    assert forms[kernel] == "fused", "the kernels did not load: nothing to compare"
+    return compare_engines(engines, corpus, splits, beam, kernel, "identical")
 
 
-def markdown(rows: list[dict], repository: Path, meta: dict, command: str) -> str:
-    lines = [f"# Fused attention quality ({repository})", "", f"`{command}`", "",
+WHAT = {"attention": "graph: ONNX Runtime's operators (packed attention); fused: the compiled kernels (attention, "
+                      "output layer); the encoder fused in both.",
+        "encoder": "graph: ONNX Runtime's fp32 GRU; fused: the compiled kernel (int8 recurrence); the step fused in both."}
+
+
+def markdown(rows: list[dict], repository: Path, meta: dict, command: str, kernel: str) -> str:
+    lines = [f"# Fused {kernel} quality ({repository})", "", f"`{command}`", "",
              f"int8 engine ({meta['int8_form']}), {meta['machine']}, CPU flags {', '.join(meta['flags']) or 'none'}. "
-             "graph: ONNX Runtime's operators (packed attention); fused: the compiled kernels (attention, output "
-             "layer).", "",
+             + WHAT[kernel], "",
              "| split | beam | BLEU graph | BLEU fused | chrF graph | chrF fused | same text |",
              "|---|---:|---:|---:|---:|---:|---:|"]
     for a, b in zip(rows[::2], rows[1::2]):
@@ -44,16 +53,20 @@ def markdown(rows: list[dict], repository: Path, meta: dict, command: str) -> st
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = comparison_parser(__doc__, Path("loadtest/results/quality_fused")).parse_args(argv)
-    rows = measure(args.repository, args.corpus, args.splits, args.beam, args.threads)
+    parser = comparison_parser(__doc__, Path("loadtest/results/quality_fused"))
+    parser.add_argument("--kernel", choices=["attention", "encoder"], default="attention")
+    args = parser.parse_args(argv)
+    if args.kernel == "encoder" and args.out == parser.get_default("out"):
+        args.out = args.out.with_name("quality_fused_encoder")
+    rows = measure(args.repository, args.corpus, args.splits, args.beam, args.threads, args.kernel)
     form = Engine(args.repository, precision="int8", intra_op_threads=1).int8_form
     meta = {"machine": f"{platform.machine()}, {platform.processor() or 'cpu'}", "flags": reported_flags(),
             "int8_form": str(form)}
-    command = (f"python loadtest/quality_fused.py {args.repository} {args.corpus} --splits {' '.join(args.splits)} "
-               f"--beam {args.beam}")
+    command = (f"python loadtest/quality_fused.py {args.repository} {args.corpus} --kernel {args.kernel} "
+               f"--splits {' '.join(args.splits)} --beam {args.beam}")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.with_suffix(".json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1) + "\n")
-    text = markdown(rows, args.repository, meta, command)
+    text = markdown(rows, args.repository, meta, command, args.kernel)
     args.out.with_suffix(".md").write_text(text)
     print(text)
     return 0

@@ -13,9 +13,8 @@ warmed up with a translation, and only then takes the requests for ``<name>``
 already decoding finish on the version that started them. A version replaced or
 whose directory is gone stops taking requests and is closed once its requests
 have finished. A version that fails to load is refused with one log line and
-``nmt_model_load_failures_total``; what was serving goes on. The poller tries a version
-only once its directory has settled (``repository.Settling``); SIGHUP tries at once. A
-rescan that fails itself never stops the poller (``repository.Watcher``).
+``nmt_model_load_failures_total``; what was serving goes on. The poller tries a version only once its
+directory has settled (``repository.Settling``); SIGHUP at once; a failed rescan never stops it (``repository.Watcher``).
 """
 
 from __future__ import annotations
@@ -80,10 +79,11 @@ def make_engine(config: ServeConfig, d: VersionDir, *, models: int = 1) -> Engin
     engine = OnnxEngine(manifest, precision=precision, provider=config.provider.value, intra_op_threads=threads,
                         limits=config.limits, decoder_spinning=config.decoder_spinning, int8_form=config.int8_form,
                         shortlist=config.shortlist, shared_pool=shared, steps=not config.engine_process,
-                        fused_attention=config.fused_attention)
-    log.info("%s/%s: int8 form %s (%s); shortlist %s (%s); attention %s", manifest.name, manifest.version,
+                        fused_attention=config.fused_attention, fused_encoder=config.fused_encoder)
+    log.info("%s/%s: int8 form %s (%s); shortlist %s (%s); encoder %s; attention %s", manifest.name, manifest.version,
              engine.int8_form or "-", engine.runtime.int8_form_reason, "on" if engine.shortlist else "off",
-             engine.shortlist_reason, engine.runtime.attention_form if engine.runtime.steps else "in the child")
+             engine.shortlist_reason, engine.runtime.encoder_form, engine.runtime.attention_form if engine.runtime.steps
+             else "in the child")
     check_engine(engine, precision)
     return engine
 

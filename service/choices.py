@@ -6,7 +6,9 @@ so flags, variables, log lines and metric labels read as they did when these wer
 
 from __future__ import annotations
 
+import argparse
 import enum
+from typing import Callable
 
 
 class Precision(enum.StrEnum):  # which graphs an engine runs
@@ -57,3 +59,14 @@ class Shortlist(enum.StrEnum):  # the lexical shortlist (service.decoding.shortl
 class Switch(enum.StrEnum):  # an on/off flag (``--reflection off``); the config holds a bool
     ON = "on"
     OFF = "off"
+
+
+def converter(kind: type[enum.StrEnum]) -> Callable[[str], enum.StrEnum]:
+    """A flag's converter to a member of ``kind``, from its value in any case."""
+    def convert(text: str) -> enum.StrEnum:
+        try:
+            return kind(text.lower())
+        except ValueError:
+            choices = ", ".join(m.value for m in kind)
+            raise argparse.ArgumentTypeError(f"must be one of {choices}, got {text!r}") from None
+    return convert

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import difflib
-import enum
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,6 +17,7 @@ from typing import Callable, Mapping
 
 # the enum-like settings, imported here where they were first defined (service.choices)
 from service.choices import Precision, Provider, Batching, ModelControl, ModelVersions, LogLevel, Int8Form, Shortlist, Switch  # noqa: F401
+from service.choices import converter as _choice
 from service.options import Limits
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -99,6 +99,7 @@ class ServeConfig:
     fairness: bool = True  # rows shared between clients (off: one arrival-ordered queue)
     engine_process: bool = False  # batches decode in a child process per model (service.scheduling.remote)
     fused_attention: bool = True  # the int8 step's attention by the compiled kernel (service.decoding.fused)
+    fused_encoder: bool = True  # the int8 encoder's GRU by the compiled kernel (service.decoding.fused_encoder)
 
 
 SMALL_REQUEST_ROWS = 8
@@ -139,17 +140,6 @@ def _seconds(text: str) -> float:
     return value
 
 
-def _choice(kind: type[enum.StrEnum]) -> Callable[[str], enum.StrEnum]:
-    """A converter to a member of ``kind``, from its value in any case."""
-    def convert(text: str) -> enum.StrEnum:
-        try:
-            return kind(text.lower())
-        except ValueError:
-            choices = ", ".join(m.value for m in kind)
-            raise argparse.ArgumentTypeError(f"must be one of {choices}, got {text!r}") from None
-    return convert
-
-
 _text = str  # the text as given
 
 
@@ -181,6 +171,8 @@ FLAGS: list[tuple[str, Callable[[str], object], object, str]] = [
     ("--engine-process", _choice(Switch), Switch.OFF, "on: each model's batches decode in a process of its "
      "own (no GIL shared with gRPC; with --threads 0, a core is left to the server process; docs/serving.md)"),
     ("--fused-attention", _choice(Switch), Switch.ON, "int8 step attention by our compiled kernel (off: ONNX Runtime's)"),
+    ("--fused-encoder", _choice(Switch), Switch.ON, "int8 encoder GRU by our compiled kernel, int8 recurrence "
+     "(off: ONNX Runtime's fp32 GRU; docs/serving.md)"),
     ("--max-rows", _int_at_least(1), _DEFAULTS.max_rows, "decoder rows per step"),
     ("--max-tokens", _int_at_least(1), _DEFAULTS.max_tokens, "rows x padded source length of the running batch"),
     ("--max-wait-ms", _seconds, _DEFAULTS.max_wait * 1000, "how long texts that arrive while a batch decodes wait "
@@ -279,7 +271,8 @@ def parse(argv: list[str], env: Mapping[str, str] | None = None) -> ServeConfig:
         http_limits=HttpLimits(header_timeout=args.http_header_timeout, idle_timeout=args.http_idle_timeout,
                                max_connections=args.http_max_connections),
         trust_client_id=args.trust_client_id is Switch.ON, fairness=args.fairness is Switch.ON,
-        engine_process=args.engine_process is Switch.ON, fused_attention=args.fused_attention is Switch.ON)
+        engine_process=args.engine_process is Switch.ON, fused_attention=args.fused_attention is Switch.ON,
+        fused_encoder=args.fused_encoder is Switch.ON)
 
 
 def _path(text: str) -> Path | None:

@@ -350,7 +350,7 @@ def test_each_clone_of_the_kernels_matches_the_references(target: str, tmp_path:
     source = Path(fused.__file__).parent
     built = tmp_path / f"_attention{sysconfig.get_config_var('EXT_SUFFIX')}"
     subprocess.run([compiler, "-O3", "-std=gnu11", "-Wno-psabi", "-shared", "-fPIC", f"-DNMT_TARGET=\"{target}\"",
-                    f"-I{sysconfig.get_paths()['include']}", str(source / "attention.c"), str(source / "output_layer.c"),
+                    f"-I{sysconfig.get_paths()['include']}", *(str(source / f"{name}.c") for name in ("attention", "output_layer", "encoder")),
                     "-o", str(built)], check=True, capture_output=True, timeout=120)
     spec = importlib.util.spec_from_loader("_attention", importlib.machinery.ExtensionFileLoader("_attention", str(built)))
     clone = importlib.util.module_from_spec(spec)
@@ -368,3 +368,13 @@ def test_each_clone_of_the_kernels_matches_the_references(target: str, tmp_path:
     clone.output_layer(raw, scale, bias, values, ids, log_probs)
     np.testing.assert_allclose(log_probs, _log_softmax64(raw, scale, bias), atol=2e-5)
     np.testing.assert_array_equal(ids, np.argsort(-log_probs, axis=1, kind="stable")[:, :6])
+    from test_fused_encoder import _encode, _encoder, _model
+    from test_fused_encoder import _inputs as _gru_inputs
+    from test_fused_encoder import _reference as _gru_reference
+
+    table, recurrent, bias_n = _model(rng, 23, 32)
+    src, src_lengths = _gru_inputs(rng, 6, 9, 23)
+    want = _gru_reference(table, recurrent, bias_n, src, src_lengths)
+    for form in range(1 + ("avx2" in flags) + ({"avx512_vnni", "avx512bw"} <= flags)):  # its products' forms here
+        got = _encode(_encoder(table, recurrent, bias_n), src, src_lengths, form=form, module=clone)
+        np.testing.assert_allclose(got, want, atol=1e-3)

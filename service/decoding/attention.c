@@ -123,14 +123,14 @@ int get_buffer(PyObject *obj, Py_buffer *view, int ndim, char fmt, int writable,
     if (ok) {
         const char *f = view->format ? view->format : "B";
         if (*f == '<' || *f == '=' || *f == '@') f++;
-        ok = view->ndim == ndim && f[0] != 0 && f[1] == 0 && view->itemsize == (fmt == 'f' ? 4 : 8) &&
-             (fmt == 'f' ? f[0] == 'f' : (f[0] == 'q' || f[0] == 'l'));
+        ok = view->ndim == ndim && f[0] != 0 && f[1] == 0 && view->itemsize == (fmt == 'q' ? 8 : fmt == 'H' ? 2 : 4) &&
+             (fmt == 'q' ? (f[0] == 'q' || f[0] == 'l') : f[0] == fmt);
         if (!ok) PyBuffer_Release(view);
     }
     if (!ok) {
         PyErr_Clear();
         PyErr_Format(PyExc_ValueError, "%s: a C-contiguous %s array of %d dimensions was expected, got %R", name,
-                     fmt == 'f' ? "float32" : "int64", ndim, (PyObject *)Py_TYPE(obj));
+                     fmt == 'f' ? "float32" : fmt == 'i' ? "int32" : fmt == 'H' ? "float16" : "int64", ndim, (PyObject *)Py_TYPE(obj));
         return -1;
     }
     return 0;
@@ -175,6 +175,11 @@ static PyMethodDef methods[] = {
      "attend(product, keys, annotations, lengths, v, alpha, context, threads=1): the step's additive "
      "attention, written into alpha (rows, src_len) and context (rows, C); the query is product[:, :A]. "
      "threads > 1: rows split between that many threads (at least 8 rows each); same results."},
+    {"gru_encode", py_gru_encode, METH_VARARGS,
+     "gru_encode(table, ids, lengths, weights, weights8, colsum, wscale, rbn, out, threads=1, form=-1): the encoder's "
+     "bidirectional GRU with an int8 recurrence (service/decoding/encoder.c) into out (B, T, 2H); form: the "
+     "products' instructions (0 plain C, 1 AVX2, 2 AVX-512 VNNI; -1 the best this CPU has), same results."},
+    {"gru_form", py_gru_form, METH_NOARGS, "gru_form(): the instructions gru_encode's products use here."},
     {"output_layer", py_output_layer, METH_VARARGS,
      "output_layer(raw, scale, bias, values, ids, log_probs=None, threads=1): logits = raw * scale + bias "
      "(raw (rows, V), scale (rows, 1), bias (V,)); their k best log-probabilities, descending, into values "

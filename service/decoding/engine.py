@@ -38,7 +38,8 @@ class Engine:
                  limits: Limits = Limits(), decoder_spinning: bool = True,
                  int8_form: FormChoice = FormChoice.AUTO,
                  shortlist: ShortlistChoice = ShortlistChoice.OFF, packed_attention: bool = True,
-                 shared_pool: bool = False, steps: bool = True, fused_attention: bool = True) -> None:
+                 shared_pool: bool = False, steps: bool = True, fused_attention: bool = True,
+                 fused_encoder: bool = True) -> None:
         if precision not in PRECISIONS:
             raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
         if provider not in PROVIDERS:
@@ -55,12 +56,13 @@ class Engine:
         self.runtime = Runtime(manifest, precision=precision, provider=provider,
                                intra_op_threads=intra_op_threads, decoder_spinning=decoder_spinning,
                                int8_form=int8_form, shortlist=lists, packed_attention=packed_attention,
-                               shared_pool=shared_pool, steps=steps, fused_attention=fused_attention)
+                               shared_pool=shared_pool, steps=steps, fused_attention=fused_attention,
+                               fused_encoder=fused_encoder)
         self.max_source_tokens = min(limits.max_source_tokens, manifest.max_source_tokens)
         self.construction = dict(precision=precision, provider=provider, intra_op_threads=intra_op_threads,
                                  limits=limits, decoder_spinning=decoder_spinning, int8_form=int8_form,
                                  shortlist=shortlist, packed_attention=packed_attention, shared_pool=shared_pool,
-                                 fused_attention=fused_attention)
+                                 fused_attention=fused_attention, fused_encoder=fused_encoder)
         """How it was made: another process builds the same engine, with its decoder steps, from
         this and the manifest's root (``service.scheduling.remote``; ``steps=False``: this
         process only tokenizes, encodes and renders for that one)."""

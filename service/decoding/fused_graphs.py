@@ -9,7 +9,7 @@ Each raises ValueError for a graph of another shape (the step then stays as it i
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Mapping, Sequence
 
 import numpy as np
 import onnx
@@ -49,17 +49,17 @@ def split_step(step: onnx.ModelProto) -> tuple[onnx.ModelProto, onnx.ModelProto,
         raise ValueError("the query is not the product's first A columns, or v is not a constant of A (a "
                          "multiple of 16) floats")
     product = split.input[0]
-    before = _ancestors(graph, product)
+    before = ancestors(graph, product)
     gone = before | {n.output[0] for n in chain} | {unsqueeze.output[0]}
     gone |= {n.output[0] for n in graph.node if n.op_type == "Shape" and n.output[0] in chain[4].input}
-    query = _subgraph(step, [n for n in graph.node if n.output[0] in before], ["state"], [product], "fused_query")
+    query = subgraph(step, [n for n in graph.node if n.output[0] in before], ["state"], [product], "fused_query")
     rest_nodes = [n for n in graph.node if n.output[0] not in gone]
     rename = {product: PRODUCT, chain[-1].output[0]: CONTEXT}
     for node in rest_nodes:
         node.input[:] = [rename.get(i, i) for i in node.input]
     kept_inputs = [i.name for i in graph.input if i.name not in ("keys", "annotations", "src_mask")]
     outputs = [o.name for o in graph.output if o.name != "attention"]
-    rest = _subgraph(step, rest_nodes, kept_inputs + [PRODUCT, CONTEXT], outputs, "fused_rest")
+    rest = subgraph(step, rest_nodes, kept_inputs + [PRODUCT, CONTEXT], outputs, "fused_rest")
     return query, rest, v.astype(np.float32)
 
 
@@ -81,7 +81,7 @@ def split_output(rest: onnx.ModelProto) -> tuple[onnx.ModelProto, np.ndarray]:
     if product is None or product.op_type != "MatMulIntegerToFloat":
         raise ValueError("the output layer's logits are not an int8 product times a scale")
     bias = numpy_helper.to_array(inits[add.input[1]]).reshape(-1).astype(np.float32)
-    keep = _ancestors(graph, "next_state") | _ancestors(graph, mul.input[0]) | _ancestors(graph, mul.input[1])
+    keep = ancestors(graph, "next_state") | ancestors(graph, mul.input[0]) | ancestors(graph, mul.input[1])
     tail = [n for n in graph.node if n.output[0] not in keep]
     outside = {o.name for o in graph.output} - {"log_probs", "topk_log_probs", "topk_ids"}
     if any(set(n.output) & outside for n in tail):
@@ -93,7 +93,7 @@ def split_output(rest: onnx.ModelProto) -> tuple[onnx.ModelProto, np.ndarray]:
         node.input[:] = [rename.get(i, i) for i in node.input]
     used = {i for n in nodes for i in n.input}
     inputs = [i.name for i in graph.input if i.name in used]
-    return _subgraph(model, nodes, inputs, ["next_state", RAW, SCALE], "fused_middle"), bias
+    return subgraph(model, nodes, inputs, ["next_state", RAW, SCALE], "fused_middle"), bias
 
 
 def with_next_product(middle: onnx.ModelProto, query: onnx.ModelProto) -> onnx.ModelProto:
@@ -122,7 +122,7 @@ def with_next_product(middle: onnx.ModelProto, query: onnx.ModelProto) -> onnx.M
     return model
 
 
-def _ancestors(graph: onnx.GraphProto, name: str) -> set[str]:
+def ancestors(graph: onnx.GraphProto, name: str) -> set[str]:
     """The nodes ``name`` depends on, by their first output."""
     producer = {o: n for n in graph.node for o in n.output}
     found: set[str] = set()
@@ -135,15 +135,15 @@ def _ancestors(graph: onnx.GraphProto, name: str) -> set[str]:
     return found
 
 
-def _subgraph(step: onnx.ModelProto, nodes: Sequence[onnx.NodeProto], inputs: list[str], outputs: list[str],
-              name: str) -> onnx.ModelProto:
+def subgraph(step: onnx.ModelProto, nodes: Sequence[onnx.NodeProto], inputs: list[str], outputs: list[str],
+             name: str, shapes: Mapping[str, list] | None = None) -> onnx.ModelProto:
     """A graph of ``nodes`` of ``step``; inputs and outputs named, their types from ``step`` or, for
-    the cuts' own tensors, ``SHAPES`` (float32)."""
+    the cuts' own tensors, ``shapes`` or ``SHAPES`` (float32)."""
     graph = step.graph
     used = {i for n in nodes for i in n.input}
     values = {v.name: v for v in [*graph.input, *graph.output]}
     declared = [values.get(n) or helper.make_tensor_value_info(n, onnx.TensorProto.FLOAT,
-                                                             SHAPES.get(n, ["rows", "product"]))
+                                                             (shapes or SHAPES).get(n, ["rows", "product"]))
                 for n in [*inputs, *outputs]]
     sub = helper.make_graph(list(nodes), name, declared[:len(inputs)], declared[len(inputs):],
                             [t for t in graph.initializer if t.name in used])

@@ -72,10 +72,13 @@ static inline float hsum(vf acc) { /* the 16 lanes summed in a fixed order */
 typedef void (*RowsFn)(const void *ctx, int64_t first, int64_t last);
 void run_rows(RowsFn fn, const void *ctx, int64_t rows, const int64_t *weights, int64_t cap, int threads);
 
-/* A C-contiguous numpy array of `ndim` dimensions and items `fmt` ('f' float32, 'q' int64), or -1 with
+/* A C-contiguous numpy array of `ndim` dimensions and items `fmt` ('f' float32, 'i' int32, 'q' int64, 'H' float16 as
+ * its bits), or -1 with
  * a ValueError naming it. */
 int get_buffer(PyObject *obj, Py_buffer *view, int ndim, char fmt, int writable, const char *name);
 
 PyObject *py_output_layer(PyObject *self, PyObject *args);
+PyObject *py_gru_encode(PyObject *self, PyObject *args);
+PyObject *py_gru_form(PyObject *self, PyObject *args);
 
 #endif

@@ -11,7 +11,6 @@ have no gather input. Only the small outputs (top-k, attention) come back.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any, Callable
 
 import numpy as np
@@ -19,6 +18,8 @@ import onnx
 import onnxruntime as ort
 
 from service.decoding import fused, int8_form, packed
+from service.decoding.arrays import Context, EncoderOutput, StepOutput  # noqa: F401 (their home before)
+from service.decoding.fused_encoder import load as fused_encoder_load
 from service.decoding.int8_form import FormChoice, Int8Form
 from service.decoding.shortlist import INPUTS as SHORTLIST_TYPES
 from service.decoding.shortlist import Candidates, Shortlist, shortlist_graph
@@ -35,31 +36,6 @@ KNOWN_ANSWER_ROWS, KNOWN_ANSWER_SRC_LEN = 24, 12  # the fixed batch both int8 fo
 KNOWN_ANSWER_EOS = 3
 
 
-@dataclass(frozen=True)
-class EncoderOutput:
-    annotations: np.ndarray  # (batch, src_len, ctx_size)
-    keys: np.ndarray  # (batch, src_len, key_size)
-    init_state: np.ndarray  # (batch, state_size)
-
-
-@dataclass(frozen=True)
-class StepOutput:
-    topk_log_probs: np.ndarray  # (rows, k), descending
-    topk_ids: np.ndarray  # (rows, k) int64
-    attention: np.ndarray  # (rows, src_len)
-    next_state: Any  # (rows, state_size): numpy on CPU, an OrtValue on CUDA
-
-
-@dataclass(frozen=True)
-class Context:
-    """The per-row encoder outputs a decoder step reads, where the provider wants them."""
-
-    annotations: Any  # (rows, src_len, ctx_size)
-    keys: Any  # (rows, src_len, key_size)
-    src_mask: Any  # (rows, src_len) bool
-    packed: dict[str, np.ndarray] | None = None  # the packed attention's indices (``service.decoding.packed``)
-
-
 class Runtime:
     """The encoder and decoder-step sessions of one precision on one provider."""
 
@@ -67,11 +43,12 @@ class Runtime:
                  intra_op_threads: int | None, decoder_spinning: bool = True,
                  int8_form: FormChoice = FormChoice.AUTO, shortlist: Shortlist | None = None,
                  packed_attention: bool = True, shared_pool: bool = False, steps: bool = True,
-                 fused_attention: bool = True) -> None:
+                 fused_attention: bool = True, fused_encoder: bool = True) -> None:
         """``steps=False``: the encoder alone (no decoder-step sessions; ``decoder`` is None), for
         a process that encodes for another one's batches (``--engine-process on``).
         ``fused_attention``: the int8 step's attention by the compiled kernel (``service.decoding.fused``)
-        where it loads and passes its check; packed attention is the form without it."""
+        where it loads and passes its check; packed attention is the form without it. ``fused_encoder``:
+        the int8 encoder's GRU by the compiled kernel (``service.decoding.fused_encoder``), likewise."""
         if precision not in manifest.graphs:
             raise ModelRepositoryError(f"{manifest.root}: no {precision!r} graphs "
                                        f"(the manifest has {sorted(manifest.graphs)})")
@@ -96,8 +73,13 @@ class Runtime:
         self.int8_form: Int8Form | None = None
         self.int8_form_reason = "fp32 graphs" if precision != "int8" else f"provider {provider}"
         self._step_model: onnx.ModelProto | None = None  # the chosen form's step graph, once loaded
+        self._encoder_model: onnx.ModelProto | None = None  # and its encoder graph (``_encoder_graph``)
         if precision == "int8" and provider == "cpu":
             self.int8_form, self.int8_form_reason = self._choose_form(paths, load, int8_form)
+        self._fused_encoder = fused_encoder_load(self._encoder_graph(), lambda model: ort.InferenceSession(
+            model, sess_options=encoder_options, providers=providers), _runner(self.encoder), self._encoder_feed(),
+            threads=fused.kernel_threads(intra_op_threads, shared_pool, decoder_spinning)) if (
+            fused_encoder and precision == "int8" and provider == "cpu") else None
         self._padded: ort.InferenceSession | None = None  # with packed attention: the padded step beside it
         self._fused: fused.FusedStep | None = None
         int8_cpu_steps = precision == "int8" and provider == "cpu" and steps
@@ -125,13 +107,10 @@ class Runtime:
         if form is Int8Form.U8U8:
             return form, why
         try:
-            graphs = [onnx.load(p) for p in paths[: 2 if self.steps else 1]]
+            graphs = [self._encoder_graph(), *(onnx.load(paths[1]) for _ in range(self.steps))]
             converted = [int8_form.to_s8(g)[0].SerializeToString() for g in graphs]
             encoder, decoder = load((converted[0], converted[1] if self.steps else None))
-            feed = int8_form.encoder_feed(batch=KNOWN_ANSWER_ROWS, src_len=KNOWN_ANSWER_SRC_LEN,
-                                          vocab_size=int8_form.source_vocabulary(graphs[0]),
-                                          eos=KNOWN_ANSWER_EOS)
-            problem = int8_form.known_answer(_runner(self.encoder), _runner(encoder), feed)
+            problem = int8_form.known_answer(_runner(self.encoder), _runner(encoder), self._encoder_feed())
             if problem is None and self.steps:
                 problem = int8_form.known_answer(_runner(self.decoder), _runner(decoder), self._step_feed())
         except (ValueError, ModelRepositoryError) as e:  # a graph the conversion does not know
@@ -142,6 +121,7 @@ class Runtime:
             return Int8Form.U8U8, f"u8s8 failed the known-answer check ({problem})"
         self.encoder, self.decoder = encoder, decoder
         self._step_model = onnx.ModelProto.FromString(converted[1]) if self.steps else None
+        self._encoder_model = onnx.ModelProto.FromString(converted[0])
         return form, why
 
     def _pack(self, path: str, options: ort.SessionOptions, providers: list[Any]) -> None:
@@ -158,6 +138,11 @@ class Runtime:
     def attention_form(self) -> str:
         """How the step computes its attention: fused (the kernel), packed, or padded (the graph's)."""
         return "fused" if self._fused is not None else "packed" if self.packed else "padded"
+
+    @property
+    def encoder_form(self) -> str:
+        """How the encoder runs: fused (its GRU by the kernel, int8 recurrence) or graph."""
+        return "fused" if self._fused_encoder is not None else "graph"
 
     @property
     def packed(self) -> bool:
@@ -188,6 +173,16 @@ class Runtime:
             for kind, graph, extra in ((True, gathered, SHORTLIST_INPUTS),
                                        (False, masked, {"row_bias": ["rows", "vocab_size"]}))}
 
+    def _encoder_graph(self) -> onnx.ModelProto:
+        """The encoder graph as served so far: converted in memory, or as shipped (loaded once)."""
+        if self._encoder_model is None:
+            self._encoder_model = onnx.load(self._paths[0])
+        return self._encoder_model
+
+    def _encoder_feed(self) -> dict[str, np.ndarray]:
+        return int8_form.encoder_feed(batch=KNOWN_ANSWER_ROWS, src_len=KNOWN_ANSWER_SRC_LEN, eos=KNOWN_ANSWER_EOS,
+                                      vocab_size=int8_form.source_vocabulary(self._encoder_graph()))
+
     def _step_feed(self) -> dict[str, np.ndarray]:
         shapes = session_shapes(self.decoder)
         return int8_form.step_feed(rows=KNOWN_ANSWER_ROWS, src_len=KNOWN_ANSWER_SRC_LEN,
@@ -202,7 +197,7 @@ class Runtime:
 
     def encode(self, src_ids: np.ndarray, src_lengths: np.ndarray) -> EncoderOutput:
         """src_ids (batch, src_len) int64, src_lengths (batch,) int64."""
-        annotations, keys, init_state = self.encoder.run(
+        annotations, keys, init_state = (self._fused_encoder or self.encoder).run(
             list(ENCODER_OUTPUTS), {"src_ids": src_ids, "src_lengths": src_lengths})
         return EncoderOutput(annotations=annotations, keys=keys, init_state=init_state)
 
