@@ -61,7 +61,7 @@ class Model:
 
 def make_engine(config: ServeConfig, d: VersionDir, *, models: int = 1) -> Engine:
     """The engine of one model version directory (checksums verified; in ``<name>/<version>/`` the
-    manifest must name them), one of ``models``; with ``--engine-process on`` without steps (the child's)."""
+    manifest must name them), one of ``models`` (with ``--engine-process on``, the server process's)."""
     from service.decoding.engine import Engine as OnnxEngine
     from service.decoding.sessions import global_pools
 
@@ -78,7 +78,7 @@ def make_engine(config: ServeConfig, d: VersionDir, *, models: int = 1) -> Engin
              if shared or global_pools() else threads or "ONNX Runtime's default (one per core)")
     engine = OnnxEngine(manifest, precision=precision, provider=config.provider.value, intra_op_threads=threads,
                         limits=config.limits, decoder_spinning=config.decoder_spinning, int8_form=config.int8_form,
-                        shortlist=config.shortlist, shared_pool=shared, steps=not config.engine_process,
+                        shortlist=config.shortlist, shared_pool=shared,
                         fused_attention=config.fused_attention, fused_encoder=config.fused_encoder)
     log.info("%s/%s: int8 form %s (%s); shortlist %s (%s); encoder %s; attention %s", manifest.name, manifest.version,
              engine.int8_form or "-", engine.runtime.int8_form_reason, "on" if engine.shortlist else "off",
@@ -128,7 +128,7 @@ class ServedModels:
         self._draining: set[asyncio.Task] = set()
         self._lock = asyncio.Lock()  # one rescan at a time
         for e in engines:
-            m = Model(e.manifest, e, scheduler_for(e, config, metrics))
+            m = Model(e.manifest, e, scheduler_for(e, config, metrics, models=len(engines)))
             self._loaded[m.ref] = m
         names = sorted({m.manifest.name for m in self._loaded.values()})
         if config.default_model and config.default_model not in names:
@@ -232,7 +232,7 @@ class ServedModels:
             models = 1 + sum(1 for m in self._loaded.values()
                              if not (self.config.model_versions is ModelVersions.LATEST and m.manifest.name == d.name))
             engine = await asyncio.to_thread(make_engine, self.config, d, models=models)
-            model = Model(engine.manifest, engine, scheduler_for(engine, self.config, self.metrics))
+            model = Model(engine.manifest, engine, scheduler_for(engine, self.config, self.metrics, models=models))
             model.scheduler.start()
             await asyncio.wait_for(self._warm(model), WARMUP_SECONDS)
             if not d.path.is_dir():

@@ -56,6 +56,12 @@ class Shortlist(enum.StrEnum):  # the lexical shortlist (service.decoding.shortl
     ON = "on"  # whenever the repository has one
 
 
+class EngineProcess(enum.StrEnum):  # where each model's batches decode (service.scheduling.remote)
+    AUTO = "auto"  # in a child process for one model with the CPU provider on 2 or more cores
+    ON = "on"  # in a child process per model
+    OFF = "off"  # in the server process (its engine thread)
+
+
 class Switch(enum.StrEnum):  # an on/off flag (``--reflection off``); the config holds a bool
     ON = "on"
     OFF = "off"

@@ -17,6 +17,7 @@ from typing import Callable, Mapping
 
 # the enum-like settings, imported here where they were first defined (service.choices)
 from service.choices import Precision, Provider, Batching, ModelControl, ModelVersions, LogLevel, Int8Form, Shortlist, Switch  # noqa: F401
+from service.choices import EngineProcess
 from service.choices import converter as _choice
 from service.options import Limits
 
@@ -97,7 +98,8 @@ class ServeConfig:
     shortlist: Shortlist = Shortlist.OFF  # project each step onto the texts' candidate pieces
     trust_client_id: bool = False  # fairness: the x-client-id header names the client (else token / peer)
     fairness: bool = True  # rows shared between clients (off: one arrival-ordered queue)
-    engine_process: bool = False  # batches decode in a child process per model (service.scheduling.remote)
+    engine_process: bool | None = False  # batches decode in a child process per model (service.scheduling.remote);
+    # None: auto (``service.process.engine_process``)
     fused_attention: bool = True  # the int8 step's attention by the compiled kernel (service.decoding.fused)
     fused_encoder: bool = True  # the int8 encoder's GRU by the compiled kernel (service.decoding.fused_encoder)
 
@@ -168,8 +170,8 @@ FLAGS: list[tuple[str, Callable[[str], object], object, str]] = [
      "faster steps for a few texts, slower at saturation (docs/speed.md)"),
     ("--decoder-spinning", _choice(Switch), Switch.ON,
      "decoder-step pool threads spin between operators (faster steps; off frees CPU between steps)"),
-    ("--engine-process", _choice(Switch), Switch.OFF, "on: each model's batches decode in a process of its "
-     "own (no GIL shared with gRPC; with --threads 0, a core is left to the server process; docs/serving.md)"),
+    ("--engine-process", _choice(EngineProcess), EngineProcess.OFF, "on: each model's batches decode in a process of "
+     "its own (no GIL shared with gRPC; docs/serving.md); auto: on for one model, CPU provider, 2+ cores; off: in process"),
     ("--fused-attention", _choice(Switch), Switch.ON, "int8 step attention by our compiled kernel (off: ONNX Runtime's)"),
     ("--fused-encoder", _choice(Switch), Switch.ON, "int8 encoder GRU by our compiled kernel, int8 recurrence "
      "(off: ONNX Runtime's fp32 GRU; docs/serving.md)"),
@@ -271,7 +273,7 @@ def parse(argv: list[str], env: Mapping[str, str] | None = None) -> ServeConfig:
         http_limits=HttpLimits(header_timeout=args.http_header_timeout, idle_timeout=args.http_idle_timeout,
                                max_connections=args.http_max_connections),
         trust_client_id=args.trust_client_id is Switch.ON, fairness=args.fairness is Switch.ON,
-        engine_process=args.engine_process is Switch.ON, fused_attention=args.fused_attention is Switch.ON,
+        engine_process={EngineProcess.ON: True, EngineProcess.OFF: False}.get(args.engine_process), fused_attention=args.fused_attention is Switch.ON,
         fused_encoder=args.fused_encoder is Switch.ON)
 
 

@@ -36,7 +36,8 @@ def test_tree_cpu_seconds_counts_the_children() -> None:
 def test_two_servers_with_their_own_flags(reversal_repository: Path, reversal_corpus: Path,
                                           tmp_path: Path) -> None:
     out = tmp_path / "release"
-    assert bench_release.main(["--previous", str(ROOT), "--this-flags", "--engine-process on", "--model",
+    assert bench_release.main(["--previous", str(ROOT), "--previous-flags", "--engine-process off",
+                               "--this-flags", "--engine-process on", "--model",
                                str(reversal_repository), "--texts", str(reversal_corpus / "test.jsonl"),
                                "--rounds", "1", "--duration", "1", "--clients", "4", "--out", str(out)]) == 0
     result = json.loads(out.with_suffix(".json").read_text())

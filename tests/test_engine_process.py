@@ -23,7 +23,7 @@ from harness import LONG_DIGITS, ServerThread, config_for, wait_until
 from service.config import parse
 from service.decoding.engine import Engine
 from service.options import DecodingOptions
-from service.process import engine_threads
+from service.process import cores, engine_process, engine_threads
 from service.proto.nmt.v1 import translation_pb2 as pb
 from service.scheduling.remote import ProcessScheduler, scheduler_for
 from service.scheduling.scheduler import Scheduler
@@ -49,7 +49,12 @@ def child_of(server: ServerThread) -> ProcessScheduler:
 def test_the_flag_and_the_thread_rule() -> None:
     assert parse(["--engine-process", "on"], env={}).engine_process
     assert parse([], env={"NMT_ENGINE_PROCESS": "on"}).engine_process
-    assert not parse([], env={}).engine_process
+    assert parse(["--engine-process", "off"], env={}).engine_process is False
+    assert parse([], env={}).engine_process is False  # the default: in process
+    # auto: on for one model with the CPU provider where the process may use 2 or more cores
+    assert parse(["--engine-process", "auto"], env={}).engine_process is None
+    assert engine_process(parse(["--engine-process", "auto"], env={})) is (cores()[0] >= 2)
+    assert not engine_process(parse(["--engine-process", "auto", "--provider", "cuda"], env={}))
     config = parse(["--engine-process", "on"], env={})
     count = len(os.sched_getaffinity(0))
     assert engine_threads(config, 1) == max(1, count - 1)  # a core left to the server process
@@ -60,7 +65,7 @@ def test_the_flag_and_the_thread_rule() -> None:
 def test_only_a_loaded_onnx_engine_goes_to_a_process(reversal_repository, reversal_engine) -> None:
     from service.metrics import Metrics
 
-    on, off = parse(["--engine-process", "on"], env={}), parse([], env={})
+    on, off = parse(["--engine-process", "on"], env={}), parse(["--engine-process", "off"], env={})
     assert type(scheduler_for(reversal_engine, on, Metrics())) is ProcessScheduler
     assert type(scheduler_for(reversal_engine, off, Metrics())) is Scheduler
 
@@ -129,10 +134,9 @@ def test_the_server_process_encodes_and_the_child_when_it_cannot(process_server:
     sched = child_of(process_server)
     assert sched._encodes  # the child took this process's int8 form ("": fp32 graphs)
     engine, calls = sched._engine, []
-    assert engine.runtime.decoder is None  # this process only encodes: no step sessions held twice
     encode = engine.encode
     monkeypatch.setattr(engine, "encode", lambda items: calls.append(len(items)) or encode(items))
-    texts = ["4 4 1", "7 3 9 9 2", "5"]
+    texts = ["4 4 1", "7 3 9 9 2", "5"] * 3  # more rows than an idle server decodes here (LOCAL_ROWS)
     reply = process_server.api.Translate(pb.TranslateRequest(texts=texts), timeout=60)
     assert [t.hypotheses[0].text for t in reply.translations] == best(reversal_engine, texts)
     assert sum(calls) == len(texts)
@@ -208,10 +212,10 @@ def test_the_childs_metrics_reach_the_server(process_server: ServerThread) -> No
              "nmt_source_tokens_count", "nmt_requests_total"]
     labels = [{}, {}, {}, {}, dict(method="Translate", code="OK")]
     before = [process_server.metric(n, **kw) for n, kw in zip(names, labels)]
-    process_server.api.Translate(pb.TranslateRequest(texts=["1 2 3", "4 5 6 7"]), timeout=30)
+    process_server.api.Translate(pb.TranslateRequest(texts=["1 2 3", "4 5 6 7"] * 5), timeout=30)  # to the child
     after = [process_server.metric(n, **kw) for n, kw in zip(names, labels)]
     moved = dict(zip(names, (a - b for a, b in zip(after, before))))
-    assert moved["nmt_requests_total"] == 1 and moved["nmt_source_tokens_count"] == 2
+    assert moved["nmt_requests_total"] == 1 and moved["nmt_source_tokens_count"] == 10
     assert moved["nmt_decoder_steps_count"] > 0 and moved["nmt_batch_rows_count"] > 0
     assert moved["nmt_encode_duration_seconds_count"] > 0
     assert process_server.metric("nmt_inflight_rows") == 0 and process_server.metric("nmt_queue_depth") == 0
@@ -257,3 +261,61 @@ def test_stopping_the_server_stops_the_child(reversal_repository) -> None:
         server.stop()
     child.join(10)
     assert not child.is_alive() and child.exitcode == 0
+
+
+def test_an_idle_server_decodes_a_small_request_itself(process_server: ServerThread, reversal_engine: Engine,
+                                                        monkeypatch) -> None:
+    """A cycle of at most LOCAL_ROWS rows that finds the child idle decodes in the server process
+    (no hops to the child and back); a larger one, or one arriving while that decodes, goes to the child."""
+    sched = child_of(process_server)
+    sent = []
+    send = sched._conn.send
+    monkeypatch.setattr(sched._conn, "send", lambda message: sent.append(message) or send(message))
+    small = ["3 1 4 1 5", "9 2"]
+    reply = process_server.api.Translate(pb.TranslateRequest(texts=small), timeout=60)
+    assert [t.hypotheses[0].text for t in reply.translations] == best(reversal_engine, small)
+    assert not [m for m in sent if m is not None and m.add]  # nothing went to the child
+    options = pb.DecodingOptions(beam_size=4, num_hypotheses=2)  # 3 texts x 4 rows: more than LOCAL_ROWS
+    reply = process_server.api.Translate(pb.TranslateRequest(texts=small + ["7"], options=options), timeout=60)
+    want = reversal_engine.translate(small + ["7"], DecodingOptions(beam_size=4, num_hypotheses=2))
+    assert [[h.text for h in t.hypotheses] for t in reply.translations] == [[h.text for h in t.hypotheses] for t in want]
+    assert sum(len(m.add) for m in sent if m is not None) == 3
+    # a long text decoding here, then arrivals (to the child, if it still decodes): all answered right
+    sent.clear()
+    first = process_server.api.Translate.future(pb.TranslateRequest(texts=[LONG_DIGITS]), timeout=60)
+    later = [process_server.api.Translate.future(pb.TranslateRequest(texts=[t]), timeout=60) for t in small]
+    assert first.result().translations[0].hypotheses[0].text == best(reversal_engine, [LONG_DIGITS])[0]
+    assert [c.result().translations[0].hypotheses[0].text for c in later] == best(reversal_engine, small)
+    assert process_server.metric("nmt_inflight_rows") == 0
+
+
+def test_split_sends_removals_where_their_texts_decode() -> None:
+    from service.scheduling.admission import Cycle
+    from service.scheduling.lanes import Lanes
+    from service.scheduling.remote import LOCAL_ROWS, _split
+
+    here = Lanes(lambda: None)
+    here.lane_of[(1, 0)] = "small"
+    class Text:  # a prepared text: only its rows are read
+        def __init__(self, rows: int) -> None:
+            self.rows = rows
+    add = tuple(((2, i), Text(2)) for i in range(LOCAL_ROWS // 2))
+    cycle = Cycle(remove=((1, 0), (3, 0)), add=add, waited=(0.0,) * len(add), lanes=("small",) * len(add))
+    theirs, mine = _split(cycle, here, idle=True)
+    assert theirs == Cycle(remove=((3, 0),)) and mine.remove == ((1, 0),) and mine.add == add
+    theirs, mine = _split(cycle, here, idle=False)  # something decodes: the texts go to the child
+    assert theirs.add == add and theirs.remove == ((3, 0),) and mine == Cycle(remove=((1, 0),))
+    bigger = Cycle(add=add + (((4, 0), Text(1)),), waited=(0.0,) * (len(add) + 1), lanes=("small",) * (len(add) + 1))
+    assert _split(bigger, here, idle=True)[0].add == bigger.add  # over LOCAL_ROWS: the child's
+
+
+def test_auto_stays_in_process_on_one_core_or_with_several_models(monkeypatch) -> None:
+    import service.process
+
+    auto = parse(["--engine-process", "auto"], env={})
+    monkeypatch.setattr(service.process, "cores", lambda: (1, True))
+    assert not engine_process(auto) and engine_process(parse(["--engine-process", "on"], env={}))
+    assert engine_threads(auto, 1) == 1  # in process: the one core
+    monkeypatch.setattr(service.process, "cores", lambda: (2, True))
+    assert engine_process(auto) and not engine_process(auto, models=2)  # one model only
+    assert engine_threads(auto, 1) == 1  # the child: the cores less the server process's

@@ -66,6 +66,8 @@ def test_every_kind_exports_verifies_and_keeps_the_contract(family: Path, kind: 
     assert set(ENCODER_OUTPUTS) == {"annotations", "keys", "init_state"}
 
 
+IN_PROCESS = ("--engine-process", "off")  # the in-process thread rule
+
 def test_kinds_are_served_together_and_none_refuses_alignments(family: Path) -> None:
     engines = {kind: Engine(family / kind / "1", precision="int8") for kind in KINDS}
     with ServerThread(config_for(family, "--default-model", "bahdanau", "--precision", "int8")) as s:
@@ -102,14 +104,15 @@ def test_engines_of_several_models_divide_the_cores_unless_threads_is_set(family
                 for e in app.load_engines(config)]
 
     monkeypatch.setattr(process, "cores", lambda: (8, False))
-    assert threads(config_for(family)) == [[2, 2]] * 4  # 8 cores, 4 models
-    assert threads(config_for(family, "--threads", "3")) == [[3, 3]] * 4  # asked: as asked
-    assert threads(config_for(family / "none" / "1")) == [[0, 0]]  # one model: ONNX Runtime's default ...
-    assert pools(config_for(family / "none" / "1")) == [[True, True]]  # a pool each outside `nmt serve`
+    # (in process; with the engine process, the default on 2+ cores: tests/test_engine_process.py)
+    assert threads(config_for(family, *IN_PROCESS)) == [[2, 2]] * 4  # 8 cores, 4 models
+    assert threads(config_for(family, *IN_PROCESS, "--threads", "3")) == [[3, 3]] * 4  # asked: as asked
+    assert threads(config_for(family / "none" / "1", *IN_PROCESS)) == [[0, 0]]  # one model: ONNX Runtime's default ...
+    assert pools(config_for(family / "none" / "1", *IN_PROCESS)) == [[True, True]]  # a pool each outside `nmt serve`
     monkeypatch.setattr(process, "cores", lambda: (2, False))
-    assert threads(config_for(family)) == [[1, 1]] * 4  # never below one
+    assert threads(config_for(family, *IN_PROCESS)) == [[1, 1]] * 4  # never below one
     monkeypatch.setattr(process, "cores", lambda: (3, True))  # a container limited to 3 cores
-    assert threads(config_for(family / "none" / "1")) == [[3, 3]]  # one model: the limit, not the host
+    assert threads(config_for(family / "none" / "1", *IN_PROCESS)) == [[3, 3]]  # one model: the limit, not the host
 
 
 def test_a_containers_cpu_limit_is_read_from_its_cgroup(tmp_path: Path, monkeypatch) -> None:

@@ -219,7 +219,7 @@ def test_a_model_added_later_takes_its_share_of_the_cores(repo: Path, reversal_r
         return {m.ref: m.engine.runtime.decoder.get_session_options().intra_op_num_threads
                 for m in server.app.models.all}
 
-    with ServerThread(config_for(repo)) as server:
+    with ServerThread(config_for(repo, "--engine-process", "off")) as server:  # the in-process rule
         assert threads(server) == {"reversal/1": 0}  # alone: ONNX Runtime's default, one per core
         add_version(reversal_repository, repo, "1", name="other")
         rescan(server)

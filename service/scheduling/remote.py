@@ -7,7 +7,8 @@ Runtime's threads), and the server process keeps everything else: the requests,
 ``SchedulerState``'s admission and fairness, deadlines, the encoder runs, rendering, metrics.
 Measured on 2 cores (``docs/serving.md``): one intra-op thread for the child, the other core
 for the server process; 1.25x texts/s at one text per call and 1.31x at eight against in
-process, on 1.68 and 1.74 cores against 1.85 and 1.93; idle latency 1.3x.
+process, on 1.68 and 1.74 cores against 1.85 and 1.93 (before the fused encoder); idle latency
+1.1x in process's since the server process decodes idle requests itself (below).
 
 ``ProcessScheduler`` is ``Scheduler`` with its engine thread replaced by a *driver* thread that
 speaks to the child through one pipe. The child never waits for the server while it has rows:
@@ -17,7 +18,9 @@ answers with the next cycle (``Change``: removals, texts joining, lane weights),
 applies before a later step. So texts join a step later than in process. The driver encodes the
 texts joining (its own encoder session, in the child's int8 form: the same bits) while the
 child runs that step; the child only appends their rows. Idle, the child waits for the pipe and
-the driver for the scheduler's wake event, as the engine thread does.
+the driver for the scheduler's wake event, as the engine thread does; and a cycle of at most
+``LOCAL_ROWS`` rows that finds both processes idle decodes in the server process (``_here``,
+on the driver thread, as in process): one text at a time pays no hops to the child and back.
 
 A failed cycle or step fails what the child was decoding (as in process); a child that dies
 (killed, out of memory) fails what it held, with UNAVAILABLE, and is started again.
@@ -33,25 +36,27 @@ from typing import Any, Callable
 
 from service.config import SchedulerConfig, ServeConfig
 from service.errors import ErrorKind, NmtError
-from service.interface import Engine
+from service.interface import Engine, Key
 from service.metrics import Metrics
-from service.process import name_os_thread
+from service.process import engine_process, name_os_thread
 from service.scheduling.admission import Cycle
 from service.scheduling.child import Change, Tick, serve_engine
-from service.scheduling.lanes import by_lane
+from service.scheduling.lanes import Lanes, by_lane, change, step
 from service.scheduling.scheduler import ENGINE_THREAD, Scheduler, _Outcome
 
 log = logging.getLogger("nmt.engine_process")
 DRIVER_THREAD = "nmt-driver"  # the server process's thread that speaks to the child
 RESTART_PAUSE = 1.0  # seconds between a child's death and its successor's start
 STOP_SECONDS = 5.0  # a child told to stop that is still there after this is killed
+LOCAL_ROWS = 8  # a cycle of at most this many rows, finding everything idle, decodes in the server process
 
 
-def scheduler_for(engine: Engine, config: ServeConfig, metrics: Metrics) -> Scheduler:
-    """``nmt serve``'s scheduler for ``engine``: a ``ProcessScheduler`` with ``--engine-process on``
-    where another process can build the same engine (an ONNX engine as loaded, with its
-    ``construction``; not a caller's wrapper around one), else ``Scheduler``."""
-    if config.engine_process and "construction" in vars(engine):
+def scheduler_for(engine: Engine, config: ServeConfig, metrics: Metrics, models: int = 1) -> Scheduler:
+    """``nmt serve``'s scheduler for ``engine`` (one of ``models``): a ``ProcessScheduler`` with
+    ``--engine-process on`` (or ``auto``: ``service.process.engine_process``) where another process
+    can build the same engine (an ONNX engine as loaded, with its ``construction``; not a caller's
+    wrapper around one), else ``Scheduler``."""
+    if engine_process(config, models) and "construction" in vars(engine):
         return ProcessScheduler(engine, config.scheduler, metrics=metrics)
     return Scheduler(engine, config.scheduler, metrics=metrics)
 
@@ -136,40 +141,84 @@ class ProcessScheduler(Scheduler):
         return True
 
     def _drive(self) -> None:
-        """Answer ticks with cycles while the child has rows or cycles to apply; else wait for arrivals."""
+        """Answer ticks with cycles while the child has rows or cycles to apply; else wait for arrivals.
+        A cycle of at most ``LOCAL_ROWS`` rows that finds the child and this process idle decodes here
+        (``_here``): an idle server answers one text without the hops to the child and back."""
         assert self._conn is not None and self.process is not None
         conn, sent, applied, rows, weights = self._conn, 0, 0, 0, None
+        here = Lanes(self._engine.new_batch)  # the texts decoding in this process
         while not self._closing:
             ticks: list[Tick] = []
             if rows or sent > applied:
-                if not conn.poll(0.1):
+                ticks = self._ticks(here, wait=not here.live_rows)  # steps to take here: no waiting
+                if not ticks and not here.live_rows:
                     continue
-                while not ticks or conn.poll():  # every tick there is: the cycle sees the child as it is
-                    ticks.append(conn.recv())
-                    applied, rows = ticks[-1].applied, ticks[-1].rows
-                    if ticks[-1].error:  # the child dropped its batches (and sent nothing finished)
-                        self._fail_running(NmtError(ErrorKind.INTERNAL, ticks[-1].error))
+                applied, rows = (ticks[-1].applied, ticks[-1].rows) if ticks else (applied, rows)
             elif not self.process.is_alive():  # died idle: what is queued waits for the next child
                 raise EOFError("exited while idle")
             with self._lock:
                 for key, _ in (f for tick in ticks for f in tick.finished):  # first: their rows are free
                     self.state.finish(key)
                 now, cycle = self._next_cycle()
+                cycle, local = _split(cycle, here, idle=not rows and sent == applied and not here.live_rows)
                 stream = tuple(self.state.running[key].stream for key, _ in cycle.add)
+                streaming = [k for k in here.lane_of if k in self.state.running and self.state.running[k].stream]
                 new_weights = self.state.lane_weights()
                 wake_at = None if rows or cycle.add else self.state.next_wake(now)
                 self._observe_queue()
             for tick in ticks:  # first: the finished texts' answers need not wait for an encoder run
                 self._report(tick)
-            if cycle.add or cycle.remove or new_weights != weights:
-                weights = new_weights
+            if cycle.add or cycle.remove or (rows and new_weights != weights):  # an idle child hears of
+                weights = new_weights  # new weights with its next texts (texts decoding here change them)
                 encoded = self._encode(cycle) if cycle.add and self._encodes else None
                 conn.send(Change(cycle.remove, cycle.add, cycle.lanes, stream, weights, encoded))
                 sent += 1
-            for waited in cycle.waited:
-                self._metrics.queue_wait.observe(waited)
-            if not rows and sent == applied:
+                for waited in cycle.waited:
+                    self._metrics.queue_wait.observe(waited)
+            if local.add or local.remove or here.live_rows:  # then no waiting: the next cycle may have texts
+                here = self._here(here, local, new_weights, streaming)
+            elif not rows and sent == applied:
                 self._wake.wait(None if wake_at is None else max(0.0, wake_at - now))
+
+    def _ticks(self, here: Lanes, *, wait: bool) -> list[Tick]:
+        """Every tick the child has sent, the first waited for up to 0.1 s if ``wait``. A tick with an
+        error (the child dropped its batches, and sent nothing finished) fails the child's texts."""
+        assert self._conn is not None
+        ticks: list[Tick] = []
+        while self._conn.poll(0.1 if wait and not ticks else 0):
+            ticks.append(self._conn.recv())
+            if ticks[-1].error:
+                with self._lock:
+                    lost = [key for key in self.state.running if key not in here.lane_of]
+                    for key in lost:
+                        self.state.finish(key)
+                    self._observe_queue()
+                self._post(self._fail_all, sorted({key[0] for key in lost}), NmtError(ErrorKind.INTERNAL,
+                                                                                     ticks[-1].error))
+        return ticks
+
+    def _here(self, here: Lanes, local: Cycle, weights: dict[str, int], streaming: list[Key]) -> Lanes:
+        """One cycle and step of the texts decoding in this process, as the engine thread runs them in
+        process; on a failure they fail (the child's go on) and a fresh ``Lanes`` is returned."""
+        try:
+            change(here, local, self._metrics)
+            outcome = _Outcome(*step(here, weights, streaming, self._metrics))
+        except Exception as e:
+            lost = list(here.lane_of)
+            with self._lock:
+                for key in lost:
+                    self.state.finish(key)
+                self._observe_queue()
+            self._post(self._fail_all, sorted({key[0] for key in lost}), e if isinstance(e, NmtError) else NmtError(
+                ErrorKind.INTERNAL, f"decoding failed: {type(e).__name__}: {e}"))
+            return Lanes(self._engine.new_batch)
+        if outcome.finished or outcome.prefixes:
+            with self._lock:
+                for key, _ in outcome.finished:
+                    self.state.finish(key)
+                self._observe_queue()
+            self._post(self._deliver, outcome)
+        return here
 
     def _encode(self, cycle: Cycle) -> dict[str, Any] | None:
         """The cycle's texts encoded here, by lane, while the child runs its next step; None (the
@@ -190,3 +239,13 @@ class ProcessScheduler(Scheduler):
             getattr(self._metrics, name).observe(value)
         if tick.finished or tick.prefixes:
             self._post(self._deliver, _Outcome(tick.finished, tick.prefixes))
+
+
+def _split(cycle: Cycle, here: Lanes, *, idle: bool) -> tuple[Cycle, Cycle]:
+    """(the child's part of ``cycle``, this process's): removals go where their texts decode; the
+    texts joining decode here only when everything is ``idle`` and they are at most ``LOCAL_ROWS`` rows."""
+    mine = tuple(key for key in cycle.remove if key in here.lane_of)
+    theirs = tuple(key for key in cycle.remove if key not in here.lane_of)
+    if idle and cycle.add and sum(prepared.rows for _, prepared in cycle.add) <= LOCAL_ROWS:
+        return Cycle(remove=theirs), Cycle(remove=mine, add=cycle.add, waited=cycle.waited, lanes=cycle.lanes)
+    return Cycle(remove=theirs, add=cycle.add, waited=cycle.waited, lanes=cycle.lanes), Cycle(remove=mine)
