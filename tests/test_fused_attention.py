@@ -136,6 +136,12 @@ def test_fused_step_agrees_with_the_graph_and_the_engine_serves_it(reversal_repo
     got = engine.runtime.step_session(False).run(names, feed)
     for name, a, b in zip(names, want, got):
         assert np.abs(a - b).max() <= fused.TOLERANCE[name], name
+    assert_serves_as_the_graph(engine, graph)
+
+
+def assert_serves_as_the_graph(engine: Engine, graph: Engine) -> None:
+    """``engine`` translates as ``graph`` does (greedy, beam 4), and a text's score is the same bits
+    alone and in a batch (batch invariance)."""
     digits = ["3 1 4 1 5 9 2 6", "2 7 1 8", "1 6 1 8 0 3 3 9 8 8 7", "5", "9 9 8 2 4 4 3 5 3"]
     for options in (DecodingOptions(), DecodingOptions(beam_size=4)):
         fused_out = [t.hypotheses[0].text for t in engine.translate(digits, options)]
@@ -143,24 +149,31 @@ def test_fused_step_agrees_with_the_graph_and_the_engine_serves_it(reversal_repo
         assert fused_out[0] == "6 2 9 5 1 4 1 3"  # the reversal model reverses
         alone = [engine.translate([d], options)[0].hypotheses[0] for d in digits]
         batch = engine.translate(digits, options)
-        # batch invariance, bit for bit: a text's score does not depend on the texts beside it
         assert [h.score for h in alone] == [t.hypotheses[0].score for t in batch]
+
+
+def assert_falls_back(repository: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture,
+                      form: str, fallback: str, tolerances: dict, output: str) -> None:
+    """Without the kernel, and when its check fails (``tolerances[output]`` below any difference), the
+    engine's ``form`` (a Runtime property) is ``fallback``, with the log line naming why, and it translates."""
+    name = "fused " + form.removesuffix("_form")
+    caplog.set_level(logging.WARNING, logger="nmt.fused")
+    monkeypatch.setattr(fused, "_attention", None)
+    monkeypatch.setattr(fused, "MISSING", "the compiled kernel is missing (test)")
+    assert getattr(Engine(repository, precision="int8", intra_op_threads=1).runtime, form) == fallback
+    assert f"{name} unavailable (the compiled kernel is missing (test))" in caplog.text
+    monkeypatch.setattr(fused, "_attention", _attention)
+    monkeypatch.setitem(tolerances, output, -1.0)  # every difference is too large
+    caplog.clear()
+    engine = Engine(repository, precision="int8", intra_op_threads=1)
+    assert getattr(engine.runtime, form) == fallback
+    assert f"{name} refused ({output} differs from the graph's" in caplog.text
+    assert engine.translate(["1 2 3"])[0].hypotheses[0].text == "3 2 1"
 
 
 def test_without_the_kernel_or_when_its_check_fails_the_step_stays_on_the_graph(
         reversal_repository: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
-    caplog.set_level(logging.WARNING, logger="nmt.fused")
-    monkeypatch.setattr(fused, "_attention", None)
-    monkeypatch.setattr(fused, "MISSING", "the compiled kernel is missing (test)")
-    assert Engine(reversal_repository, precision="int8", intra_op_threads=1).runtime.attention_form == "packed"
-    assert "fused attention unavailable (the compiled kernel is missing (test))" in caplog.text
-    monkeypatch.setattr(fused, "_attention", _attention)
-    monkeypatch.setitem(fused.TOLERANCE, "attention", -1.0)  # every difference is too large
-    caplog.clear()
-    engine = Engine(reversal_repository, precision="int8", intra_op_threads=1)
-    assert engine.runtime.attention_form == "packed"
-    assert "fused attention refused (attention differs from the graph's" in caplog.text
-    assert engine.translate(["1 2 3"])[0].hypotheses[0].text == "3 2 1"
+    assert_falls_back(reversal_repository, monkeypatch, caplog, "attention_form", "packed", fused.TOLERANCE, "attention")
 
 
 def test_fp32_and_cuda_graphs_keep_their_attention(reversal_repository: Path) -> None:

@@ -4,7 +4,6 @@ references, against the graph's fp32 GRU, across its product forms, and for batc
 
 from __future__ import annotations
 
-import logging
 from pathlib import Path
 
 import numpy as np
@@ -16,7 +15,6 @@ from hypothesis import strategies as st
 from service import config
 from service.decoding import fused_encoder
 from service.decoding.engine import Engine
-from service.options import DecodingOptions
 
 # built by `pip install -e .` (setup.py); without a C compiler the encoder stays ONNX Runtime's
 _attention = pytest.importorskip("service.decoding._attention", reason="installed without a C compiler")
@@ -141,30 +139,16 @@ def test_fused_encoder_agrees_with_the_graph_and_the_engine_serves_it(reversal_r
     got = engine.runtime._fused_encoder.run(None, feed)
     for name, a, b in zip(fused_encoder.OUTPUTS, want, got):
         assert a.shape == b.shape and 0 < np.abs(a - b).max() <= fused_encoder.TOLERANCE[name], name
-    digits = ["3 1 4 1 5 9 2 6", "2 7 1 8", "1 6 1 8 0 3 3 9 8 8 7", "5", "9 9 8 2 4 4 3 5 3"]
-    for options in (DecodingOptions(), DecodingOptions(beam_size=4)):
-        fused_out = [t.hypotheses[0].text for t in engine.translate(digits, options)]
-        assert fused_out == [t.hypotheses[0].text for t in graph.translate(digits, options)]
-        assert fused_out[0] == "6 2 9 5 1 4 1 3"  # the reversal model reverses
-        alone = [engine.translate([d], options)[0].hypotheses[0] for d in digits]
-        # batch invariance, bit for bit: a text's score does not depend on the texts beside it
-        assert [h.score for h in alone] == [t.hypotheses[0].score for t in engine.translate(digits, options)]
+    from test_fused_attention import assert_serves_as_the_graph
+
+    assert_serves_as_the_graph(engine, graph)
 
 
 def test_without_the_kernel_or_when_its_check_fails_the_encoder_stays_on_the_graph(
         reversal_repository: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
-    caplog.set_level(logging.WARNING, logger="nmt.fused")
-    monkeypatch.setattr(fused_encoder, "_attention", None)
-    monkeypatch.setattr(fused_encoder, "MISSING", "the compiled kernel is missing (test)")
-    assert Engine(reversal_repository, precision="int8", intra_op_threads=1).runtime.encoder_form == "graph"
-    assert "fused encoder unavailable (the compiled kernel is missing (test))" in caplog.text
-    monkeypatch.setattr(fused_encoder, "_attention", _attention)
-    monkeypatch.setitem(fused_encoder.TOLERANCE, "keys", -1.0)  # every difference is too large
-    caplog.clear()
-    engine = Engine(reversal_repository, precision="int8", intra_op_threads=1)
-    assert engine.runtime.encoder_form == "graph"
-    assert "fused encoder refused (keys differs from the graph's" in caplog.text
-    assert engine.translate(["1 2 3"])[0].hypotheses[0].text == "3 2 1"
+    from test_fused_attention import assert_falls_back
+
+    assert_falls_back(reversal_repository, monkeypatch, caplog, "encoder_form", "graph", fused_encoder.TOLERANCE, "keys")
 
 
 def test_fp32_graphs_keep_their_gru_and_the_flag_turns_it_off(reversal_repository: Path) -> None:

@@ -29,7 +29,7 @@ log line).
 from __future__ import annotations
 
 import logging
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence, TypeVar
 
 import numpy as np
 import onnx
@@ -37,6 +37,7 @@ import onnx
 from service.decoding.fused_graphs import (CONTEXT, NEXT_PRODUCT, PRODUCT, RAW, SCALE, split_output,  # noqa: F401
                                            split_step, with_next_product)
 
+T = TypeVar("T")
 log = logging.getLogger("nmt.fused")
 CARRIES = 4  # states whose product a fused step keeps (``FusedStep.keep``)
 
@@ -220,15 +221,23 @@ def load(step: onnx.ModelProto, load_graph: Callable[[bytes], Any], reference: C
     """The fused form of ``step`` if the kernel is there and ``check`` accepts it on ``feed`` (a
     padded step feed; ``reference``: feed -> the graph's outputs ``names``), else None with one
     log line. ``load_graph``: graph bytes -> an ONNX Runtime session."""
+    return checked("fused attention", "the step", lambda: FusedStep.of(step, load_graph, feed["annotations"].shape[2],
+                                                                        threads),
+                   lambda fused: check(reference, fused, feed, names))
+
+
+def checked(name: str, part: str, build: Callable[[], T], problem: Callable[[T], str | None]) -> T | None:
+    """``build()`` if the kernel is there, the rewrite knows the graph (no ValueError) and ``problem``
+    finds none; else None with one log line saying why ``part`` runs on ONNX Runtime's operators."""
     if _attention is None:
-        log.warning("fused attention unavailable (%s): the step runs on ONNX Runtime's operators", MISSING)
+        log.warning("%s unavailable (%s): %s runs on ONNX Runtime's operators", name, MISSING, part)
         return None
     try:
-        fused = FusedStep.of(step, load_graph, feed["annotations"].shape[2], threads)
-        problem = check(reference, fused, feed, names)
+        fused = build()
+        why = problem(fused)
     except ValueError as e:  # a graph the rewrite does not know
-        problem = f"rewrite failed: {e}"
-    if problem is not None:
-        log.warning("fused attention refused (%s): the step runs on ONNX Runtime's operators", problem)
+        why = f"rewrite failed: {e}"
+    if why is not None:
+        log.warning("%s refused (%s): %s runs on ONNX Runtime's operators", name, why, part)
         return None
     return fused

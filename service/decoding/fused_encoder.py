@@ -15,17 +15,15 @@ the graph serves, with one log line. Measured (speed and BLEU) in ``docs/speed-r
 
 from __future__ import annotations
 
-import logging
 from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from service.decoding.fused import MISSING, _attention
+from service.decoding import fused
+from service.decoding.fused import _attention
 from service.decoding.fused_graphs import ancestors, subgraph
-
-log = logging.getLogger("nmt.fused")
 
 OUTPUTS = ("annotations", "keys", "init_state")
 # the graph against the fused encoder on the known-answer batch: the int8 recurrence's rounding
@@ -131,15 +129,5 @@ def load(encoder: onnx.ModelProto, load_graph: Callable[[bytes], Any], reference
     """The fused form of ``encoder`` if the kernel is there and ``check`` accepts it on ``feed``
     (``reference``: feed -> the graph's outputs), else None with one log line. ``load_graph``:
     graph bytes -> an ONNX Runtime session."""
-    if _attention is None:
-        log.warning("fused encoder unavailable (%s): the encoder runs on ONNX Runtime's operators", MISSING)
-        return None
-    try:
-        fused = FusedEncoder.of(encoder, load_graph, threads)
-        problem = check(reference, fused, feed)
-    except ValueError as e:  # a graph the rewrite does not know
-        problem = f"rewrite failed: {e}"
-    if problem is not None:
-        log.warning("fused encoder refused (%s): the encoder runs on ONNX Runtime's operators", problem)
-        return None
-    return fused
+    return fused.checked("fused encoder", "the encoder", lambda: FusedEncoder.of(encoder, load_graph, threads),
+                         lambda built: check(reference, built, feed))

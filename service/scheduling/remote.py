@@ -35,7 +35,7 @@ from multiprocessing.connection import Connection
 from typing import Any, Callable
 
 from service.config import SchedulerConfig, ServeConfig
-from service.errors import ErrorKind, NmtError
+from service.errors import ErrorKind, NmtError, decoding_error
 from service.interface import Engine, Key
 from service.metrics import Metrics
 from service.process import engine_process, name_os_thread
@@ -190,11 +190,7 @@ class ProcessScheduler(Scheduler):
             if ticks[-1].error:
                 with self._lock:
                     lost = [key for key in self.state.running if key not in here.lane_of]
-                    for key in lost:
-                        self.state.finish(key)
-                    self._observe_queue()
-                self._post(self._fail_all, sorted({key[0] for key in lost}), NmtError(ErrorKind.INTERNAL,
-                                                                                     ticks[-1].error))
+                self._fail_texts(lost, NmtError(ErrorKind.INTERNAL, ticks[-1].error))
         return ticks
 
     def _here(self, here: Lanes, local: Cycle, weights: dict[str, int], streaming: list[Key]) -> Lanes:
@@ -204,21 +200,18 @@ class ProcessScheduler(Scheduler):
             change(here, local, self._metrics)
             outcome = _Outcome(*step(here, weights, streaming, self._metrics))
         except Exception as e:
-            lost = list(here.lane_of)
-            with self._lock:
-                for key in lost:
-                    self.state.finish(key)
-                self._observe_queue()
-            self._post(self._fail_all, sorted({key[0] for key in lost}), e if isinstance(e, NmtError) else NmtError(
-                ErrorKind.INTERNAL, f"decoding failed: {type(e).__name__}: {e}"))
+            self._fail_texts(list(here.lane_of), decoding_error(e))
             return Lanes(self._engine.new_batch)
-        if outcome.finished or outcome.prefixes:
-            with self._lock:
-                for key, _ in outcome.finished:
-                    self.state.finish(key)
-                self._observe_queue()
-            self._post(self._deliver, outcome)
+        self._answer(outcome)
         return here
+
+    def _fail_texts(self, keys: list[Key], error: NmtError) -> None:
+        """Texts lost on one side (this process's, or the child's): out of the state, their requests failed."""
+        with self._lock:
+            for key in keys:
+                self.state.finish(key)
+            self._observe_queue()
+        self._post(self._fail_all, sorted({key[0] for key in keys}), error)
 
     def _encode(self, cycle: Cycle) -> dict[str, Any] | None:
         """The cycle's texts encoded here, by lane, while the child runs its next step; None (the

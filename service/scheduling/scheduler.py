@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from typing import AsyncIterator, Callable, Sequence
 
 from service.config import SchedulerConfig
-from service.errors import ErrorKind, NmtError
+from service.errors import ErrorKind, NmtError, decoding_error
 from service.interface import Decoded, Engine, Event, Final, Key, Partial, Prepared, Translation
 from service.metrics import Metrics
 from service.process import name_os_thread
@@ -167,22 +167,22 @@ class Scheduler:
             if not busy:
                 self._wake.wait(None if wake_at is None else max(0.0, wake_at - now))
                 continue
+            lanes = lanes or Lanes(self._engine.new_batch)
             try:
-                if lanes is None:
-                    lanes = Lanes(self._engine.new_batch)
                 change(lanes, cycle, self._metrics)
-                outcome = _Outcome(*step(lanes, weights, streaming, self._metrics))
+                self._answer(_Outcome(*step(lanes, weights, streaming, self._metrics)))
             except Exception as e:  # a runtime failure: fail what was decoding, start afresh
                 lanes = None
-                self._fail_running(e if isinstance(e, NmtError) else NmtError(
-                    ErrorKind.INTERNAL, f"decoding failed: {type(e).__name__}: {e}"))
-                continue
-            if outcome.finished or outcome.prefixes:
-                with self._lock:
-                    for key, _ in outcome.finished:
-                        self.state.finish(key)
-                    self._observe_queue()
-                self._post(self._deliver, outcome)
+                self._fail_running(decoding_error(e))
+
+    def _answer(self, outcome: _Outcome) -> None:
+        """The finished texts leave the state (their rows are free); the event loop answers."""
+        if outcome.finished or outcome.prefixes:
+            with self._lock:
+                for key, _ in outcome.finished:
+                    self.state.finish(key)
+                self._observe_queue()
+            self._post(self._deliver, outcome)
 
     def _next_cycle(self) -> tuple[float, Cycle]:  # holding the lock
         """Now, and the next cycle; requests whose deadline passed are cancelled and failed."""
