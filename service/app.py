@@ -82,8 +82,7 @@ def make_engine(config: ServeConfig, d: VersionDir, *, models: int = 1) -> Engin
                         fused_attention=config.fused_attention, fused_encoder=config.fused_encoder)
     log.info("%s/%s: int8 form %s (%s); shortlist %s (%s); encoder %s; attention %s", manifest.name, manifest.version,
              engine.int8_form or "-", engine.runtime.int8_form_reason, "on" if engine.shortlist else "off",
-             engine.shortlist_reason, engine.runtime.encoder_form, engine.runtime.attention_form if engine.runtime.steps
-             else "in the child")
+             engine.shortlist_reason, engine.runtime.encoder_form, engine.runtime.attention_form)
     check_engine(engine, precision)
     return engine
 

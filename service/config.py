@@ -273,8 +273,8 @@ def parse(argv: list[str], env: Mapping[str, str] | None = None) -> ServeConfig:
         http_limits=HttpLimits(header_timeout=args.http_header_timeout, idle_timeout=args.http_idle_timeout,
                                max_connections=args.http_max_connections),
         trust_client_id=args.trust_client_id is Switch.ON, fairness=args.fairness is Switch.ON,
-        engine_process={EngineProcess.ON: True, EngineProcess.OFF: False}.get(args.engine_process), fused_attention=args.fused_attention is Switch.ON,
-        fused_encoder=args.fused_encoder is Switch.ON)
+        engine_process={EngineProcess.ON: True, EngineProcess.OFF: False}.get(args.engine_process),
+        fused_attention=args.fused_attention is Switch.ON, fused_encoder=args.fused_encoder is Switch.ON)
 
 
 def _path(text: str) -> Path | None:

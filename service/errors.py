@@ -55,8 +55,3 @@ class ModelRepositoryError(Exception):
 
 class ProviderUnavailableError(RuntimeError):
     """The requested execution provider cannot run here (no GPU, no onnxruntime-gpu)."""
-
-
-def decoding_error(e: Exception) -> NmtError:
-    """What the requests of a failed decoder run get: its NmtError, or INTERNAL naming the failure."""
-    return e if isinstance(e, NmtError) else NmtError(ErrorKind.INTERNAL, f"decoding failed: {type(e).__name__}: {e}")

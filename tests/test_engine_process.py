@@ -16,7 +16,6 @@ import threading
 import time
 
 import grpc
-import numpy as np
 import pytest
 
 from harness import LONG_DIGITS, ServerThread, config_for, wait_until
@@ -107,25 +106,6 @@ def test_encoded_texts_cross_a_pickle_and_join_as_if_added(reversal_engine: Engi
         for batch, done in zip((added, joined), results):
             done.update(batch.step())
     assert len(results[0]) == len(texts) and results[0] == results[1]
-
-
-@pytest.mark.parametrize("precision", ["fp32", "int8"])
-def test_an_engine_without_steps_encodes_and_checks_as_the_whole_one(reversal_repository, precision: str) -> None:
-    from service.models.manifest import DECODER_INPUTS, DECODER_OUTPUTS
-
-    whole = Engine(reversal_repository, precision=precision)
-    light = Engine(reversal_repository, precision=precision, steps=False)
-    assert light.runtime.decoder is None and light.int8_form == whole.int8_form
-    with pytest.raises(RuntimeError, match="no decoder-step sessions"):
-        light.new_batch()
-    items = [((0, i), whole.prepare_text(t, DecodingOptions(), i)) for i, t in enumerate(["1 2 3", "4 5 6 7 8 9"])]
-    for a, b in zip(whole.encode(items).outputs, light.encode(items).outputs):
-        assert all(np.array_equal(x, y) for x, y in zip(a, b))
-    shapes, light_shapes = whole.graph_shapes(), light.graph_shapes()
-    assert light_shapes["encoder"] == shapes["encoder"]
-    both = set(shapes["decoder_step"]) & set(light_shapes["decoder_step"])
-    assert set(DECODER_OUTPUTS) <= both and {"state", "annotations", "keys"} <= both
-    assert {n: light_shapes["decoder_step"][n] for n in both} == {n: shapes["decoder_step"][n] for n in both}
 
 
 def test_the_server_process_encodes_and_the_child_when_it_cannot(process_server: ServerThread,
@@ -319,3 +299,22 @@ def test_auto_stays_in_process_on_one_core_or_with_several_models(monkeypatch) -
     monkeypatch.setattr(service.process, "cores", lambda: (2, True))
     assert engine_process(auto) and not engine_process(auto, models=2)  # one model only
     assert engine_threads(auto, 1) == 1  # the child: the cores less the server process's
+
+
+def test_a_failure_in_the_server_process_fails_its_texts_and_frees_their_rows(process_server: ServerThread,
+                                                                               reversal_engine: Engine,
+                                                                               monkeypatch) -> None:
+    """An encoder run that fails while an idle request joins in the server process: that request fails
+    (INTERNAL), none of its rows stay counted, and the next request is answered."""
+    runtime = child_of(process_server)._engine.runtime
+
+    def broken(*args):
+        raise RuntimeError("encoder down")
+    monkeypatch.setattr(runtime, "encode", broken)
+    with pytest.raises(grpc.RpcError) as failed:
+        process_server.api.Translate(pb.TranslateRequest(texts=["3 1 4"]), timeout=10)
+    assert failed.value.code() is grpc.StatusCode.INTERNAL and "encoder down" in failed.value.details()
+    assert process_server.metric("nmt_inflight_rows") == 0
+    monkeypatch.undo()
+    reply = process_server.api.Translate(pb.TranslateRequest(texts=["3 1 4"]), timeout=30)
+    assert reply.translations[0].hypotheses[0].text == best(reversal_engine, ["3 1 4"])[0]

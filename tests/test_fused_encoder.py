@@ -156,8 +156,6 @@ def test_fp32_graphs_keep_their_gru_and_the_flag_turns_it_off(reversal_repositor
     assert config.parse(["--fused-encoder", "off"], env={}).fused_encoder is False
     assert config.parse([], env={"NMT_FUSED_ENCODER": "off"}).fused_encoder is False
     assert config.parse([], env={}).fused_encoder is True
-    # the engine process's server encodes for the child: its encoder is fused too
-    assert Engine(reversal_repository, precision="int8", intra_op_threads=1, steps=False).runtime.encoder_form == "fused"
 
 
 def test_the_rewrite_refuses_an_encoder_it_does_not_know(reversal_repository: Path) -> None:

@@ -137,10 +137,11 @@ static inline __attribute__((always_inline)) vf half_v(const uint16_t *p) {
 }
 
 /* one row's new state from its products (acc, 3H) and inputs (x, 3H); h updated in place, written to
- * out; its quantized form into q (H / 2 int32 pairs), its scale returned */
+ * out; quantized into q in the form the next product reads (VNNI: q + 128 as H bytes; else H int16), its
+ * scale returned */
 CLONES
 static float cell(int64_t H, const int32_t *acc, const uint16_t *x, const float *ws, const float *rbn, float scale,
-                  float *h, float *out, int32_t *q) {
+                  float *h, float *out, void *q, int form) {
     vf top = splat(0.0f);
     for (int64_t j = 0; j < H; j += LANES) {
         vf g[3], xs[3], wv[3];
@@ -166,26 +167,23 @@ static float cell(int64_t H, const int32_t *acc, const uint16_t *x, const float 
     memcpy(lane, &top, sizeof lane);
     for (int l = 0; l < LANES; l++) most = lane[l] > most ? lane[l] : most;
     float inverse = most > 0.0f ? 127.0f / most : 0.0f;
-    int16_t *q16 = (int16_t *)q;
-    for (int64_t j = 0; j < H; j++) q16[j] = (int16_t)__builtin_rintf(h[j] * inverse);
+    if (form == 2)
+        for (int64_t j = 0; j < H; j++) ((uint8_t *)q)[j] = (uint8_t)((int)__builtin_rintf(h[j] * inverse) + 128);
+    else
+        for (int64_t j = 0; j < H; j++) ((int16_t *)q)[j] = (int16_t)__builtin_rintf(h[j] * inverse);
     return most / 127.0f;
 }
 
 /* the products of the n running rows (their states q, gathered into block) for direction d */
 static void product(const Gru *g, int64_t d, int64_t n, const int32_t *q, const int64_t *running, int32_t *block,
                     int32_t *acc) {
-    int64_t H = g->H, J = 3 * H, K2 = H / 2, K4 = H / 4;
-    if (g->form == 2) { /* q + 128 as u8, four to an int32 */
-        for (int64_t i = 0; i < n; i++) {
-            const int16_t *from = (const int16_t *)(q + running[i] * K2);
-            uint8_t *to = (uint8_t *)(block + i * K4);
-            for (int64_t k = 0; k < H; k++) to[k] = (uint8_t)(from[k] + 128);
-        }
+    int64_t H = g->H, J = 3 * H, K2 = H / 2, K4 = H / 4, words = g->form == 2 ? K4 : K2;
+    for (int64_t i = 0; i < n; i++) memcpy(block + i * words, q + running[i] * K2, (size_t)words * sizeof(int32_t));
+    if (g->form == 2) { /* u8 quads: rows one by one past the last whole block, no padding */
         product_vnni(n, K4, J, block, g->weights8 + d * K4 * J, g->colsum + d * J, acc);
         return;
     }
     int64_t padded = (n + BLOCK - 1) / BLOCK * BLOCK;
-    for (int64_t i = 0; i < n; i++) memcpy(block + i * K2, q + running[i] * K2, (size_t)K2 * sizeof(int32_t));
     memset(block + n * K2, 0, (size_t)((padded - n) * K2) * sizeof(int32_t));
     if (g->form == 1) product_avx2(padded, K2, J, block, g->weights + d * K2 * J, acc);
     else product_plain(padded, K2, J, block, g->weights + d * K2 * J, acc);
@@ -204,6 +202,7 @@ static void *direction(void *arg) {
     if (!h || !scale || !q || !block || !acc || !running) {
         g->failed = 1;
     } else {
+        if (g->form == 2) memset(q, 128, (size_t)(B * K2) * sizeof(int32_t)); /* the zero state, as u8 */
         for (int64_t b = 0; b < B; b++) {
             int64_t L = g->lengths[b] < T ? (g->lengths[b] > 0 ? g->lengths[b] : 0) : T;
             most = L > most ? L : most;
@@ -219,7 +218,7 @@ static void *direction(void *arg) {
                 int64_t pos = d == 0 ? t : L - 1 - t;
                 const uint16_t *x = g->table + (g->ids[b * T + pos] * 2 + d) * J;
                 scale[b] = cell(H, acc + i * J, x, g->wscale + d * J, g->rbn + d * H, scale[b], h + b * H,
-                                g->out + (b * T + pos) * 2 * H + d * H, q + b * K2);
+                                g->out + (b * T + pos) * 2 * H + d * H, q + b * K2, g->form);
             }
         }
     }

@@ -38,7 +38,7 @@ class Engine:
                  limits: Limits = Limits(), decoder_spinning: bool = True,
                  int8_form: FormChoice = FormChoice.AUTO,
                  shortlist: ShortlistChoice = ShortlistChoice.OFF, packed_attention: bool = True,
-                 shared_pool: bool = False, steps: bool = True, fused_attention: bool = True,
+                 shared_pool: bool = False, fused_attention: bool = True,
                  fused_encoder: bool = True) -> None:
         if precision not in PRECISIONS:
             raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
@@ -56,16 +56,15 @@ class Engine:
         self.runtime = Runtime(manifest, precision=precision, provider=provider,
                                intra_op_threads=intra_op_threads, decoder_spinning=decoder_spinning,
                                int8_form=int8_form, shortlist=lists, packed_attention=packed_attention,
-                               shared_pool=shared_pool, steps=steps, fused_attention=fused_attention,
+                               shared_pool=shared_pool, fused_attention=fused_attention,
                                fused_encoder=fused_encoder)
         self.max_source_tokens = min(limits.max_source_tokens, manifest.max_source_tokens)
         self.construction = dict(precision=precision, provider=provider, intra_op_threads=intra_op_threads,
                                  limits=limits, decoder_spinning=decoder_spinning, int8_form=int8_form,
                                  shortlist=shortlist, packed_attention=packed_attention, shared_pool=shared_pool,
                                  fused_attention=fused_attention, fused_encoder=fused_encoder)
-        """How it was made: another process builds the same engine, with its decoder steps, from
-        this and the manifest's root (``service.scheduling.remote``; ``steps=False``: this
-        process only tokenizes, encodes and renders for that one)."""
+        """How it was made: another process builds the same engine from this and the manifest's root
+        (``service.scheduling.remote``)."""
 
     def prepare_text(self, text: str, options: DecodingOptions, index: int) -> Prepared:
         """Tokenize one text of a validated request, with placeholder protection.
@@ -98,9 +97,6 @@ class Engine:
 
     def new_batch(self) -> Batch:
         """An empty running batch on this engine's sessions."""
-        if not self.runtime.steps:
-            raise RuntimeError("this engine has no decoder-step sessions (steps=False): it encodes "
-                               "for the batches of an engine process")
         return Batch(self.runtime, special=self.special, vocab_size=self.vocab_size)
 
     def encode(self, items: Sequence[tuple[Key, Prepared]]) -> Encoded:

@@ -199,10 +199,8 @@ def check(reference: Callable, fused: FusedStep, feed: Mapping[str, np.ndarray],
     """None when ``fused`` agrees with the graph (``reference``: feed -> outputs ``names``) within
     ``TOLERANCE`` on ``feed`` and gives each row alone the bits it gives it in the batch."""
     whole = fused.run(names, feed)
-    for name, a, b in zip(names, reference(feed), whole):
-        diff = float(np.abs(a.astype(np.float64) - b.astype(np.float64)).max()) if a.shape == b.shape else np.inf
-        if name in TOLERANCE and not diff <= TOLERANCE[name]:
-            return f"{name} differs from the graph's by {diff:.3g} (at most {TOLERANCE[name]})"
+    if (problem := beyond(names, reference(feed), whole, TOLERANCE)) is not None:
+        return problem
     state = whole[list(names).index("next_state")] if "next_state" in names else None
     carried = fused._carried_for(state) if state is not None else None
     if carried is not None:
@@ -224,6 +222,17 @@ def load(step: onnx.ModelProto, load_graph: Callable[[bytes], Any], reference: C
     return checked("fused attention", "the step", lambda: FusedStep.of(step, load_graph, feed["annotations"].shape[2],
                                                                         threads),
                    lambda fused: check(reference, fused, feed, names))
+
+
+def beyond(names: Sequence[str], want: Sequence[np.ndarray], got: Sequence[np.ndarray],
+           tolerance: Mapping[str, float]) -> str | None:
+    """The first output (of those ``tolerance`` names) whose largest |difference| from the graph's is
+    over its tolerance, said in words; None if none is."""
+    for name, a, b in zip(names, want, got):
+        diff = float(np.abs(a.astype(np.float64) - b.astype(np.float64)).max()) if a.shape == b.shape else np.inf
+        if name in tolerance and not diff <= tolerance[name]:
+            return f"{name} differs from the graph's by {diff:.3g} (at most {tolerance[name]})"
+    return None
 
 
 def checked(name: str, part: str, build: Callable[[], T], problem: Callable[[T], str | None]) -> T | None:

@@ -22,8 +22,9 @@ import onnx
 from onnx import helper, numpy_helper
 
 from service.decoding import fused
-from service.decoding.fused import _attention
+from service.decoding.fused import _attention, beyond
 from service.decoding.fused_graphs import ancestors, subgraph
+from service.decoding.int8_form import source_vocabulary
 
 OUTPUTS = ("annotations", "keys", "init_state")
 # the graph against the fused encoder on the known-answer batch: the int8 recurrence's rounding
@@ -66,15 +67,15 @@ class FusedEncoder:
         if attrs.get("direction") != b"bidirectional" or attrs.get("linear_before_reset") != 1 or \
                 set(attrs) - {"direction", "linear_before_reset", "hidden_size"} or len(gru.input) < 5:
             raise ValueError(f"the GRU is not bidirectional with linear_before_reset and default activations ({attrs})")
-        inits = {t.name: numpy_helper.to_array(t) for t in graph.initializer}
+        inits = {t.name: t for t in graph.initializer}
         if not all(name in inits for name in gru.input[1:4]):
             raise ValueError("the GRU's weights are not constants")
-        w, r, b = (inits[name].astype(np.float32) for name in gru.input[1:4])
+        w, r, b = (numpy_helper.to_array(inits[name]).astype(np.float32) for name in gru.input[1:4])
         size = r.shape[2]
         embed = subgraph(encoder, [n for n in graph.node if n.output[0] in ancestors(graph, gru.input[0])],
                          ["src_ids", "src_lengths"], [gru.input[0]], "fused_embedding",
                          {gru.input[0]: ["src_len", "batch", "emb_size"]})
-        vocabulary = _vocabulary(graph)
+        vocabulary = source_vocabulary(encoder)
         x = load_graph(embed.SerializeToString()).run(None, {
             "src_ids": np.arange(vocabulary, dtype=np.int64)[None], "src_lengths": np.array([vocabulary])})[0]
         x = x.reshape(vocabulary, -1)  # (V, E): one text of every token, in order
@@ -97,26 +98,15 @@ class FusedEncoder:
         return [found[n] for n in (names or OUTPUTS)]
 
 
-def _vocabulary(graph: onnx.GraphProto) -> int:
-    """The source vocabulary: the rows of the table ``src_ids`` gathers from."""
-    inits = {t.name: t for t in graph.initializer}
-    for node in graph.node:
-        if node.op_type == "Gather" and node.input[1] == "src_ids" and node.input[0] in inits:
-            return int(inits[node.input[0]].dims[0])
-    raise ValueError("no embedding table gathered by src_ids")
-
-
-def check(reference: Callable, fused: FusedEncoder, feed: Mapping[str, np.ndarray]) -> str | None:
-    """None when ``fused`` agrees with the graph (``reference``: feed -> its outputs) within ``TOLERANCE``
+def check(reference: Callable, encoder: FusedEncoder, feed: Mapping[str, np.ndarray]) -> str | None:
+    """None when ``encoder`` agrees with the graph (``reference``: feed -> its outputs) within ``TOLERANCE``
     on ``feed`` and gives its first and last rows alone the bits it gives them in the batch."""
-    whole = fused.run(OUTPUTS, feed)
-    for name, a, b in zip(OUTPUTS, reference(feed), whole):
-        diff = float(np.abs(a.astype(np.float64) - b.astype(np.float64)).max()) if a.shape == b.shape else np.inf
-        if not diff <= TOLERANCE[name]:
-            return f"{name} differs from the graph's by {diff:.3g} (at most {TOLERANCE[name]})"
+    whole = encoder.run(OUTPUTS, feed)
+    if (problem := beyond(OUTPUTS, reference(feed), whole, TOLERANCE)) is not None:
+        return problem
     for row in (0, len(feed["src_lengths"]) - 1):
         length = int(feed["src_lengths"][row])
-        alone = fused.run(OUTPUTS, {"src_ids": feed["src_ids"][row:row + 1, :length],
+        alone = encoder.run(OUTPUTS, {"src_ids": feed["src_ids"][row:row + 1, :length],
                                     "src_lengths": feed["src_lengths"][row:row + 1]})
         for name, a, b in zip(OUTPUTS, whole, alone):
             if not np.array_equal(a[row:row + 1, :length] if a.ndim == 3 else a[row:row + 1], b):

@@ -25,7 +25,7 @@ from service.decoding.shortlist import INPUTS as SHORTLIST_TYPES
 from service.decoding.shortlist import Candidates, Shortlist, shortlist_graph
 
 from service.decoding.sessions import (CUDA_DEVICE_ID, CUDA_OPTIONS, PROVIDERS, _check_provider,  # noqa: F401
-                                      _load_session, _session_options, file_shapes, provider_list, run_bound,
+                                      _load_session, _session_options, provider_list, run_bound,
                                       session_shapes)
 from service.errors import ModelRepositoryError, ProviderUnavailableError
 from service.models.manifest import DECODER_INPUTS, DECODER_OUTPUTS, ENCODER_INPUTS, ENCODER_OUTPUTS, Manifest
@@ -42,11 +42,9 @@ class Runtime:
     def __init__(self, manifest: Manifest, *, precision: str, provider: str,
                  intra_op_threads: int | None, decoder_spinning: bool = True,
                  int8_form: FormChoice = FormChoice.AUTO, shortlist: Shortlist | None = None,
-                 packed_attention: bool = True, shared_pool: bool = False, steps: bool = True,
+                 packed_attention: bool = True, shared_pool: bool = False,
                  fused_attention: bool = True, fused_encoder: bool = True) -> None:
-        """``steps=False``: the encoder alone (no decoder-step sessions; ``decoder`` is None), for
-        a process that encodes for another one's batches (``--engine-process on``).
-        ``fused_attention``: the int8 step's attention by the compiled kernel (``service.decoding.fused``)
+        """``fused_attention``: the int8 step's attention by the compiled kernel (``service.decoding.fused``)
         where it loads and passes its check; packed attention is the form without it. ``fused_encoder``:
         the int8 encoder's GRU by the compiled kernel (``service.decoding.fused_encoder``), likewise."""
         if precision not in manifest.graphs:
@@ -54,7 +52,7 @@ class Runtime:
                                        f"(the manifest has {sorted(manifest.graphs)})")
         providers = _check_provider(provider)
         graphs = manifest.graphs[precision]
-        self.provider, self.steps = provider, steps
+        self.provider = provider
         paths = self._paths = (str(manifest.path(graphs.encoder)), str(manifest.path(graphs.decoder_step)))
 
         # shared_pool: both sessions run on ONNX Runtime's global pool (one thread per core, spinning)
@@ -62,11 +60,11 @@ class Runtime:
         encoder_options = _session_options(intra_op_threads, shared=shared_pool)
         step_options = _session_options(intra_op_threads, spinning=decoder_spinning, shared=shared_pool)
 
-        def load(models: tuple[bytes | None, bytes | None]) -> tuple[ort.InferenceSession, Any]:
+        def load(models: tuple[bytes | None, bytes | None]) -> tuple[ort.InferenceSession, ort.InferenceSession]:
             return (_load_session(paths[0], encoder_options, providers, ENCODER_INPUTS, ENCODER_OUTPUTS,
                                   model=models[0]),
                     _load_session(paths[1], step_options, providers, DECODER_INPUTS, DECODER_OUTPUTS,
-                                  model=models[1]) if steps else None)
+                                  model=models[1]))
 
         self.encoder, self.decoder = load((None, None))
         # the int8 products' form (service.decoding.int8_form); CUDA and fp32 run the graphs as shipped
@@ -76,23 +74,23 @@ class Runtime:
         self._encoder_model: onnx.ModelProto | None = None  # and its encoder graph (``_encoder_graph``)
         if precision == "int8" and provider == "cpu":
             self.int8_form, self.int8_form_reason = self._choose_form(paths, load, int8_form)
+        int8_cpu, threads = precision == "int8" and provider == "cpu", fused.kernel_threads(
+            intra_op_threads, shared_pool, decoder_spinning)  # the compiled kernels' threads
         self._fused_encoder = fused_encoder_load(self._encoder_graph(), lambda model: ort.InferenceSession(
             model, sess_options=encoder_options, providers=providers), _runner(self.encoder), self._encoder_feed(),
-            threads=fused.kernel_threads(intra_op_threads, shared_pool, decoder_spinning)) if (
-            fused_encoder and precision == "int8" and provider == "cpu") else None
+            threads=threads) if fused_encoder and int8_cpu else None
         self._padded: ort.InferenceSession | None = None  # with packed attention: the padded step beside it
         self._fused: fused.FusedStep | None = None
-        int8_cpu_steps = precision == "int8" and provider == "cpu" and steps
-        if int8_cpu_steps and fused_attention:
+        if int8_cpu and fused_attention:
             query_options = _session_options(intra_op_threads, shared=shared_pool)
             self._fused = fused.load(self._step_graph(paths[1]), lambda model, quiet=False: ort.InferenceSession(
                 model, sess_options=query_options if quiet else step_options, providers=providers),
                 lambda feed: self.decoder.run(list(DECODER_OUTPUTS), dict(feed)), self._step_feed(),
-                list(DECODER_OUTPUTS), threads=fused.kernel_threads(intra_op_threads, shared_pool, decoder_spinning))
-        if int8_cpu_steps and packed_attention and self._fused is None:
+                list(DECODER_OUTPUTS), threads=threads)
+        if int8_cpu and packed_attention and self._fused is None:
             self._pack(paths[1], step_options, providers)
-        self.shortlist: Shortlist | None = shortlist  # the texts' candidates; with steps, its sessions
-        if shortlist is not None and steps:
+        self.shortlist: Shortlist | None = shortlist  # the texts' candidates, and its sessions
+        if shortlist is not None:
             self._use_shortlist(paths[1], shortlist, options=step_options, providers=providers)
         if provider == "cuda" and PROVIDERS["cuda"] not in self.encoder.get_providers():
             raise ProviderUnavailableError(
@@ -107,11 +105,10 @@ class Runtime:
         if form is Int8Form.U8U8:
             return form, why
         try:
-            graphs = [self._encoder_graph(), *(onnx.load(paths[1]) for _ in range(self.steps))]
-            converted = [int8_form.to_s8(g)[0].SerializeToString() for g in graphs]
-            encoder, decoder = load((converted[0], converted[1] if self.steps else None))
+            converted = [int8_form.to_s8(g)[0].SerializeToString() for g in (self._encoder_graph(), onnx.load(paths[1]))]
+            encoder, decoder = load((converted[0], converted[1]))
             problem = int8_form.known_answer(_runner(self.encoder), _runner(encoder), self._encoder_feed())
-            if problem is None and self.steps:
+            if problem is None:
                 problem = int8_form.known_answer(_runner(self.decoder), _runner(decoder), self._step_feed())
         except (ValueError, ModelRepositoryError) as e:  # a graph the conversion does not know
             problem = f"conversion failed: {e}"
@@ -120,7 +117,7 @@ class Runtime:
                                   "known-answer batch (%s); serving u8u8", why, problem)
             return Int8Form.U8U8, f"u8s8 failed the known-answer check ({problem})"
         self.encoder, self.decoder = encoder, decoder
-        self._step_model = onnx.ModelProto.FromString(converted[1]) if self.steps else None
+        self._step_model = onnx.ModelProto.FromString(converted[1])
         self._encoder_model = onnx.ModelProto.FromString(converted[0])
         return form, why
 
@@ -190,10 +187,8 @@ class Runtime:
                                    key_size=shapes["keys"][2], vocab_size=shapes["log_probs"][1])
 
     def graph_shapes(self) -> dict[str, dict[str, list[int | str | None]]]:
-        """Each graph's inputs and outputs, name -> shape (sizes and axis names): as its session
-        has them, or, for a step without sessions (``steps=False``), as its file declares them."""
-        step = session_shapes(self.decoder) if self.decoder is not None else file_shapes(self._paths[1])
-        return {"encoder": session_shapes(self.encoder), "decoder_step": step}
+        """Each graph's inputs and outputs, name -> shape (sizes and axis names), as its session has them."""
+        return {"encoder": session_shapes(self.encoder), "decoder_step": session_shapes(self.decoder)}
 
     def encode(self, src_ids: np.ndarray, src_lengths: np.ndarray) -> EncoderOutput:
         """src_ids (batch, src_len) int64, src_lengths (batch,) int64."""

@@ -114,12 +114,3 @@ def run_bound(session: ort.InferenceSession, host: dict, device: dict, outputs: 
 def session_shapes(session: ort.InferenceSession) -> dict[str, list[int | str | None]]:
     """A session's inputs and outputs, name -> shape (sizes and axis names)."""
     return {a.name: list(a.shape) for a in [*session.get_inputs(), *session.get_outputs()]}
-
-
-def file_shapes(path: str) -> dict[str, list[int | str | None]]:
-    """A graph file's inputs and outputs as it declares them, name -> shape (no session made)."""
-    import onnx
-
-    graph = onnx.load(path, load_external_data=False).graph
-    return {v.name: [d.dim_value if d.HasField("dim_value") else (d.dim_param or None)
-                     for d in v.type.tensor_type.shape.dim] for v in [*graph.input, *graph.output]}

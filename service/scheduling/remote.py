@@ -35,13 +35,13 @@ from multiprocessing.connection import Connection
 from typing import Any, Callable
 
 from service.config import SchedulerConfig, ServeConfig
-from service.errors import ErrorKind, NmtError, decoding_error
+from service.errors import ErrorKind, NmtError
 from service.interface import Engine, Key
 from service.metrics import Metrics
 from service.process import engine_process, name_os_thread
 from service.scheduling.admission import Cycle
 from service.scheduling.child import Change, Tick, serve_engine
-from service.scheduling.lanes import Lanes, by_lane, change, step
+from service.scheduling.lanes import Lanes, by_lane
 from service.scheduling.scheduler import ENGINE_THREAD, Scheduler, _Outcome
 
 log = logging.getLogger("nmt.engine_process")
@@ -195,15 +195,12 @@ class ProcessScheduler(Scheduler):
 
     def _here(self, here: Lanes, local: Cycle, weights: dict[str, int], streaming: list[Key]) -> Lanes:
         """One cycle and step of the texts decoding in this process, as the engine thread runs them in
-        process; on a failure they fail (the child's go on) and a fresh ``Lanes`` is returned."""
-        try:
-            change(here, local, self._metrics)
-            outcome = _Outcome(*step(here, weights, streaming, self._metrics))
-        except Exception as e:
-            self._fail_texts(list(here.lane_of), decoding_error(e))
-            return Lanes(self._engine.new_batch)
-        self._answer(outcome)
-        return here
+        process; on a failure they (and the cycle's, joined or not) fail, the child's go on, and a fresh
+        ``Lanes`` is returned."""
+        if (error := self._cycle(here, local, weights, streaming)) is None:
+            return here
+        self._fail_texts(list({*here.lane_of, *(key for key, _ in local.add)}), error)
+        return Lanes(self._engine.new_batch)
 
     def _fail_texts(self, keys: list[Key], error: NmtError) -> None:
         """Texts lost on one side (this process's, or the child's): out of the state, their requests failed."""

@@ -3,20 +3,17 @@
 Shaped as handle + pure state + one engine thread (the shape of text-generation-inference's
 ``router/src/queue.rs`` and Ray Serve's ``serve/batching.py``):
 
-- ``SchedulerState`` (``service.scheduling.admission``) decides, as plain synchronous code with an
-  injected clock, which queued texts join the running batch and which rows leave it. Tested
-  without a model (``tests/test_scheduler.py``).
-- ``Scheduler`` is the handle requests await. ONE engine thread loops: under a lock it asks the
-  state for the next cycle (removals, additions, expired deadlines), runs it and one decoder step,
-  and posts finished texts (and streaming prefixes) to the event loop, which answers the requests.
-  The engine never waits for the event loop between steps, so a busy loop (a burst of requests to
-  tokenize) does not stall decoding; and the loop runs no model code.
+- ``SchedulerState`` (``service.scheduling.admission``) decides, as plain synchronous code with an injected
+  clock, which queued texts join the running batch and which rows leave it (``tests/test_scheduler.py``).
+- ``Scheduler`` is the handle requests await. ONE engine thread loops: under a lock it asks the state for the
+  next cycle (removals, additions, expired deadlines), runs it and one decoder step, and posts finished texts
+  (and streaming prefixes) to the event loop, which answers the requests. The engine never waits for the loop
+  between steps, so a busy loop (a burst of requests to tokenize) does not stall decoding; the loop runs no model.
 
-The unit of a decoder step is a row; a text owns ``beam_size`` rows. Between two steps, queued
-texts join (``DecodeBatch.add``) and finished texts are answered at once. Texts queue for at most
-``max_wait`` (unless they fill the free rows) so that arrivals share one encoder run. With
-``step_level=False`` (request-level batching, the benchmark baseline) a new batch only starts
-once the running one is empty.
+The unit of a decoder step is a row; a text owns ``beam_size`` rows. Between two steps, queued texts join
+(``DecodeBatch.add``) and finished texts are answered at once. Texts queue for at most ``max_wait`` (unless they
+fill the free rows) so that arrivals share one encoder run. With ``step_level=False`` (request-level batching,
+the benchmark baseline) a new batch only starts once the running one is empty.
 """
 
 from __future__ import annotations
@@ -30,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import AsyncIterator, Callable, Sequence
 
 from service.config import SchedulerConfig
-from service.errors import ErrorKind, NmtError, decoding_error
+from service.errors import ErrorKind, NmtError
 from service.interface import Decoded, Engine, Event, Final, Key, Partial, Prepared, Translation
 from service.metrics import Metrics
 from service.process import name_os_thread
@@ -168,21 +165,24 @@ class Scheduler:
                 self._wake.wait(None if wake_at is None else max(0.0, wake_at - now))
                 continue
             lanes = lanes or Lanes(self._engine.new_batch)
-            try:
-                change(lanes, cycle, self._metrics)
-                self._answer(_Outcome(*step(lanes, weights, streaming, self._metrics)))
-            except Exception as e:  # a runtime failure: fail what was decoding, start afresh
-                lanes = None
-                self._fail_running(decoding_error(e))
+            if (error := self._cycle(lanes, cycle, weights, streaming)) is not None:
+                lanes = None  # fail what was decoding, start afresh
+                self._fail_running(error)
 
-    def _answer(self, outcome: _Outcome) -> None:
-        """The finished texts leave the state (their rows are free); the event loop answers."""
+    def _cycle(self, lanes: Lanes, cycle: Cycle, weights: dict[str, int], streaming: list[Key]) -> NmtError | None:
+        """``cycle`` on ``lanes`` and a step, finished texts answered; the error if the engine failed (the caller fails what it held)."""
+        try:
+            change(lanes, cycle, self._metrics)
+            outcome = _Outcome(*step(lanes, weights, streaming, self._metrics))
+        except Exception as e:  # a runtime failure
+            return e if isinstance(e, NmtError) else NmtError(ErrorKind.INTERNAL, f"decoding failed: {type(e).__name__}: {e}")
         if outcome.finished or outcome.prefixes:
             with self._lock:
                 for key, _ in outcome.finished:
                     self.state.finish(key)
                 self._observe_queue()
             self._post(self._deliver, outcome)
+        return None
 
     def _next_cycle(self) -> tuple[float, Cycle]:  # holding the lock
         """Now, and the next cycle; requests whose deadline passed are cancelled and failed."""
