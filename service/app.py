@@ -9,10 +9,9 @@ limit, giving an unloaded model's memory back) is ``service.process``'s.
 Model control (``--model-control poll``, or SIGHUP in either mode): ``rescan`` looks
 at the repository again. A new ``<name>/<version>/`` is loaded (checksums checked),
 warmed up with a translation, and only then takes the requests for ``<name>``
-(``--model-versions latest``) or joins the loaded versions (``all``); requests
-already decoding finish on the version that started them. A version replaced or
-whose directory is gone stops taking requests and is closed once its requests
-have finished. A version that fails to load is refused with one log line and
+(``--model-versions latest``) or joins the loaded versions (``all``); requests already decoding
+finish on the version that started them. A version replaced or whose directory is gone stops
+taking requests and is closed once its requests have finished. A version that fails to load is refused with one log line and
 ``nmt_model_load_failures_total``; what was serving goes on. The poller tries a version only once its
 directory has settled (``repository.Settling``); SIGHUP at once; a failed rescan never stops it (``repository.Watcher``).
 """
@@ -33,7 +32,7 @@ from service.models.checks import check_graphs, check_vocabularies
 from service.models.manifest import Manifest, load_manifest
 from service.models.repository import Settling, VersionDir, Watcher, latest, scan, version_key
 from service.options import DecodingOptions
-from service.process import engine_threads, release_memory, shared_pool
+from service.process import engine_threads, release_memory, shared_pool, step_threads
 from service.scheduling.remote import Scheduler, scheduler_for
 
 if TYPE_CHECKING:
@@ -71,15 +70,17 @@ def make_engine(config: ServeConfig, d: VersionDir, *, models: int = 1) -> Engin
                                    f"the directory {d.ref}")
     precision, why = (manifest.default_precision() if config.precision is Precision.AUTO
                       else (config.precision.value, "asked"))
-    threads = engine_threads(config, models)
+    threads, steps = engine_threads(config, models), step_threads(config, models)
     shared = shared_pool(config, threads)
-    log.info("%s/%s: %s graphs (%s), intra-op threads: %s", manifest.name, manifest.version, precision, why,
+    log.info("%s/%s: %s graphs (%s), intra-op threads: %s%s", manifest.name, manifest.version, precision, why,
              "ONNX Runtime's global pool (a thread per core) for the encoder and the step"
-             if shared or global_pools() else threads or "ONNX Runtime's default (one per core)")
+             if shared or global_pools() else threads or "ONNX Runtime's default (one per core)",
+             f" ({steps} for this process's steps, which run while the engine process is idle)" if steps else "")
     engine = OnnxEngine(manifest, precision=precision, provider=config.provider.value, intra_op_threads=threads,
                         limits=config.limits, decoder_spinning=config.decoder_spinning, int8_form=config.int8_form,
                         shortlist=config.shortlist, shared_pool=shared,
-                        fused_attention=config.fused_attention, fused_encoder=config.fused_encoder)
+                        fused_attention=config.fused_attention, fused_encoder=config.fused_encoder,
+                        step_threads=steps)
     log.info("%s/%s: int8 form %s (%s); shortlist %s (%s); encoder %s; attention %s", manifest.name, manifest.version,
              engine.int8_form or "-", engine.runtime.int8_form_reason, "on" if engine.shortlist else "off",
              engine.shortlist_reason, engine.runtime.encoder_form, engine.runtime.attention_form)

@@ -98,7 +98,7 @@ class ServeConfig:
     shortlist: Shortlist = Shortlist.OFF  # project each step onto the texts' candidate pieces
     trust_client_id: bool = False  # fairness: the x-client-id header names the client (else token / peer)
     fairness: bool = True  # rows shared between clients (off: one arrival-ordered queue)
-    engine_process: bool | None = False  # batches decode in a child process per model (service.scheduling.remote);
+    engine_process: bool | None = None  # batches decode in a child process per model (service.scheduling.remote);
     # None: auto (``service.process.engine_process``)
     fused_attention: bool = True  # the int8 step's attention by the compiled kernel (service.decoding.fused)
     fused_encoder: bool = True  # the int8 encoder's GRU by the compiled kernel (service.decoding.fused_encoder)
@@ -170,8 +170,9 @@ FLAGS: list[tuple[str, Callable[[str], object], object, str]] = [
      "faster steps for a few texts, slower at saturation (docs/speed.md)"),
     ("--decoder-spinning", _choice(Switch), Switch.ON,
      "decoder-step pool threads spin between operators (faster steps; off frees CPU between steps)"),
-    ("--engine-process", _choice(EngineProcess), EngineProcess.OFF, "on: each model's batches decode in a process of "
-     "its own (no GIL shared with gRPC; docs/serving.md); auto: on for one model, CPU provider, 2+ cores; off: in process"),
+    ("--engine-process", _choice(EngineProcess), EngineProcess.AUTO, "on: each model's batches decode in a process of "
+     "its own (no GIL shared with gRPC; docs/serving.md); auto: on for one model, CPU provider, 2+ cores, --threads 0; "
+     "off: in process"),
     ("--fused-attention", _choice(Switch), Switch.ON, "int8 step attention by our compiled kernel (off: ONNX Runtime's)"),
     ("--fused-encoder", _choice(Switch), Switch.ON, "int8 encoder GRU by our compiled kernel, int8 recurrence "
      "(off: ONNX Runtime's fp32 GRU; docs/serving.md)"),

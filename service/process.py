@@ -65,15 +65,29 @@ def engine_threads(config: ServeConfig, models: int) -> int | None:
     return None if models <= 1 and not limited else max(1, count // models)
 
 
+def step_threads(config: ServeConfig, models: int) -> int | None:
+    """The server process's step threads with ``--engine-process``: its steps run only for a cycle
+    that finds both processes idle (``service.scheduling.remote.LOCAL_ROWS``), so they may take every
+    core, as in process (its texts wait for nothing else), while its encoder, which runs for the
+    child at saturation, keeps ``engine_threads``. None (the engine's threads) otherwise, with
+    ``--threads``, or for several models."""
+    if config.threads or models > 1 or not engine_process(config, models):
+        return None
+    return cores()[0]
+
+
 def engine_process(config: ServeConfig, models: int = 1) -> bool:
     """Whether each of ``models`` models' batches decode in a child process: ``--engine-process
-    on``, or ``auto`` for one model with the CPU provider where this process may use 2 or more cores
-    (on 2 cores: 1.8-1.9x f967d83's texts/s at saturation against 1.4-1.5x in process, idle latency
-    1.1x in-process's; several models would each take a process and twice their memory:
-    ``docs/serving.md``). The default is ``off``: in process."""
+    on``, or ``auto`` (the default) for one model with the CPU provider where this process may use
+    2 or more cores and ``--threads`` is left to the server (on 2 cores: 1.75-1.92x f967d83's
+    texts/s at saturation against 1.42-1.48x in process, idle latency that of in process since the
+    server process's idle steps take every core; one model's start-up 1.2 s longer, about twice
+    the memory: ``docs/serving.md``). Several models would each take a process and their memory
+    again; a pinned ``--threads`` would be given to both processes."""
     if config.engine_process is not None:
         return config.engine_process
-    return models == 1 and config.provider is Provider.CPU and cores()[0] >= 2
+    return (models == 1 and config.provider is Provider.CPU and not config.threads
+            and cores()[0] >= 2)
 
 
 _SERVER: list[bool] = []  # [True] while ``nmt serve`` loads its first engines (``global_pools_allowed``)

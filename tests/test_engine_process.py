@@ -22,7 +22,7 @@ from harness import LONG_DIGITS, ServerThread, config_for, wait_until
 from service.config import parse
 from service.decoding.engine import Engine
 from service.options import DecodingOptions
-from service.process import cores, engine_process, engine_threads
+from service.process import cores, engine_process, engine_threads, step_threads
 from service.proto.nmt.v1 import translation_pb2 as pb
 from service.scheduling.remote import ProcessScheduler, scheduler_for
 from service.scheduling.scheduler import Scheduler
@@ -49,16 +49,51 @@ def test_the_flag_and_the_thread_rule() -> None:
     assert parse(["--engine-process", "on"], env={}).engine_process
     assert parse([], env={"NMT_ENGINE_PROCESS": "on"}).engine_process
     assert parse(["--engine-process", "off"], env={}).engine_process is False
-    assert parse([], env={}).engine_process is False  # the default: in process
+    assert parse([], env={}).engine_process is None  # the default: auto
     # auto: on for one model with the CPU provider where the process may use 2 or more cores
     assert parse(["--engine-process", "auto"], env={}).engine_process is None
     assert engine_process(parse(["--engine-process", "auto"], env={})) is (cores()[0] >= 2)
     assert not engine_process(parse(["--engine-process", "auto", "--provider", "cuda"], env={}))
+    assert not engine_process(parse(["--threads", "2"], env={}))  # pinned threads: in process, as asked
     config = parse(["--engine-process", "on"], env={})
     count = len(os.sched_getaffinity(0))
     assert engine_threads(config, 1) == max(1, count - 1)  # a core left to the server process
     assert engine_threads(config, 4) == max(1, (count - 1) // 4)
     assert engine_threads(parse(["--engine-process", "on", "--threads", "3"], env={}), 2) == 3
+
+
+def test_the_server_process_steps_on_every_core_and_the_child_on_its_threads(process_server: ServerThread) -> None:
+    """The server process's steps (idle requests) take every core, its encoder (which runs for the child
+    at saturation) and the child's whole engine keep the engine's threads."""
+    scheduler, (count, _) = child_of(process_server), cores()
+    runtime = scheduler._engine.runtime
+    assert runtime.decoder.get_session_options().intra_op_num_threads == count
+    assert runtime.encoder.get_session_options().intra_op_num_threads == max(1, count - 1)
+
+
+def test_the_child_builds_its_engine_with_the_engines_threads_for_steps(reversal_repository, monkeypatch) -> None:
+    from types import SimpleNamespace
+
+    import service.scheduling.remote as remote
+    from service.config import SchedulerConfig
+    from service.metrics import Metrics
+
+    started: dict = {}
+
+    class Context:  # records the child's arguments instead of starting it
+        Pipe = staticmethod(multiprocessing.Pipe)
+
+        def Process(self, **kwargs):
+            started.update(kwargs)
+            return SimpleNamespace(start=lambda: None, pid=0)
+
+    monkeypatch.setattr(remote.multiprocessing, "get_context", lambda method: Context())
+    engine = Engine(reversal_repository, intra_op_threads=1, step_threads=2)
+    assert engine.runtime.decoder.get_session_options().intra_op_num_threads == 2
+    ProcessScheduler(engine, SchedulerConfig(), metrics=Metrics())._spawn()
+    assert started["args"][3] == {**engine.construction, "step_threads": None}
+    assert Engine(reversal_repository, **started["args"][3]).runtime.decoder.get_session_options(
+        ).intra_op_num_threads == 1
 
 
 def test_only_a_loaded_onnx_engine_goes_to_a_process(reversal_repository, reversal_engine) -> None:
@@ -296,9 +331,14 @@ def test_auto_stays_in_process_on_one_core_or_with_several_models(monkeypatch) -
     monkeypatch.setattr(service.process, "cores", lambda: (1, True))
     assert not engine_process(auto) and engine_process(parse(["--engine-process", "on"], env={}))
     assert engine_threads(auto, 1) == 1  # in process: the one core
+    assert step_threads(auto, 1) is None
     monkeypatch.setattr(service.process, "cores", lambda: (2, True))
     assert engine_process(auto) and not engine_process(auto, models=2)  # one model only
     assert engine_threads(auto, 1) == 1  # the child: the cores less the server process's
+    # the server process's steps (idle requests only) take both cores; not the child's, not several models'
+    assert step_threads(auto, 1) == 2 and step_threads(auto, 2) is None
+    assert step_threads(parse(["--engine-process", "on", "--threads", "1"], env={}), 1) is None
+    assert step_threads(parse(["--engine-process", "off"], env={}), 1) is None
 
 
 def test_a_failure_in_the_server_process_fails_its_texts_and_frees_their_rows(process_server: ServerThread,

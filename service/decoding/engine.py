@@ -39,7 +39,7 @@ class Engine:
                  int8_form: FormChoice = FormChoice.AUTO,
                  shortlist: ShortlistChoice = ShortlistChoice.OFF, packed_attention: bool = True,
                  shared_pool: bool = False, fused_attention: bool = True,
-                 fused_encoder: bool = True) -> None:
+                 fused_encoder: bool = True, step_threads: int | None = None) -> None:
         if precision not in PRECISIONS:
             raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
         if provider not in PROVIDERS:
@@ -57,12 +57,13 @@ class Engine:
                                intra_op_threads=intra_op_threads, decoder_spinning=decoder_spinning,
                                int8_form=int8_form, shortlist=lists, packed_attention=packed_attention,
                                shared_pool=shared_pool, fused_attention=fused_attention,
-                               fused_encoder=fused_encoder)
+                               fused_encoder=fused_encoder, step_threads=step_threads)
         self.max_source_tokens = min(limits.max_source_tokens, manifest.max_source_tokens)
         self.construction = dict(precision=precision, provider=provider, intra_op_threads=intra_op_threads,
                                  limits=limits, decoder_spinning=decoder_spinning, int8_form=int8_form,
                                  shortlist=shortlist, packed_attention=packed_attention, shared_pool=shared_pool,
-                                 fused_attention=fused_attention, fused_encoder=fused_encoder)
+                                 fused_attention=fused_attention, fused_encoder=fused_encoder,
+                                 step_threads=step_threads)
         """How it was made: another process builds the same engine from this and the manifest's root
         (``service.scheduling.remote``)."""
 

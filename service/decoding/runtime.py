@@ -43,8 +43,11 @@ class Runtime:
                  intra_op_threads: int | None, decoder_spinning: bool = True,
                  int8_form: FormChoice = FormChoice.AUTO, shortlist: Shortlist | None = None,
                  packed_attention: bool = True, shared_pool: bool = False,
-                 fused_attention: bool = True, fused_encoder: bool = True) -> None:
-        """``fused_attention``: the int8 step's attention by the compiled kernel (``service.decoding.fused``)
+                 fused_attention: bool = True, fused_encoder: bool = True,
+                 step_threads: int | None = None) -> None:
+        """``step_threads``: the step sessions' intra-op threads where they differ from the encoder's
+        (``intra_op_threads``; the engine process's server side: ``service.process.step_threads``).
+        ``fused_attention``: the int8 step's attention by the compiled kernel (``service.decoding.fused``)
         where it loads and passes its check; packed attention is the form without it. ``fused_encoder``:
         the int8 encoder's GRU by the compiled kernel (``service.decoding.fused_encoder``), likewise."""
         if precision not in manifest.graphs:
@@ -58,7 +61,8 @@ class Runtime:
         # shared_pool: both sessions run on ONNX Runtime's global pool (one thread per core, spinning)
         # instead of a pool each, where the encoder's could not spin without competing with the decoder's
         encoder_options = _session_options(intra_op_threads, shared=shared_pool)
-        step_options = _session_options(intra_op_threads, spinning=decoder_spinning, shared=shared_pool)
+        step_options = _session_options(step_threads or intra_op_threads, spinning=decoder_spinning,
+                                        shared=shared_pool)
 
         def load(models: tuple[bytes | None, bytes | None]) -> tuple[ort.InferenceSession, ort.InferenceSession]:
             return (_load_session(paths[0], encoder_options, providers, ENCODER_INPUTS, ENCODER_OUTPUTS,

@@ -8,7 +8,9 @@ Runtime's threads), and the server process keeps everything else: the requests,
 Measured on 2 cores (``docs/serving.md``): one intra-op thread for the child, the other core
 for the server process; 1.25x texts/s at one text per call and 1.31x at eight against in
 process, on 1.68 and 1.74 cores against 1.85 and 1.93 (before the fused encoder); idle latency
-1.1x in process's since the server process decodes idle requests itself (below).
+that of in process since the server process decodes idle requests itself (below), its steps on
+every core (``service.process.step_threads``). ``--engine-process auto``, the default, turns it on
+for one model (``service.process.engine_process``).
 
 ``ProcessScheduler`` is ``Scheduler`` with its engine thread replaced by a *driver* thread that
 speaks to the child through one pipe. The child never waits for the server while it has rows:
@@ -83,9 +85,10 @@ class ProcessScheduler(Scheduler):
                 self.process.kill()
         context = multiprocessing.get_context("spawn")
         self._conn, child = context.Pipe()
+        # the child's steps on the engine's threads: the server process's take every core only while idle
         self.process = context.Process(target=serve_engine, name=ENGINE_THREAD, daemon=True,
                                        args=(child, type(self._engine), str(self._engine.manifest.root),
-                                             self._engine.construction))
+                                             {**self._engine.construction, "step_threads": None}))
         self.process.start()
         child.close()
         log.info("%s: batches decode in process %s (--engine-process on)", self._model_label, self.process.pid)
