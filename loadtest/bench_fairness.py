@@ -3,7 +3,7 @@ loop heavy requests, with ``--fairness on`` (rows shared between clients) and ``
 arrival order, the scheduler before fairness), alternating rounds.
 
     python loadtest/bench_fairness.py [--model models/en-fr/<served version>] [--texts build/corpus-v2/test.jsonl] \
-        [--rounds 2] [--seconds 30]
+        [--rounds 2] [--seconds 30] [--server-flags "--max-rows 256"]
 
 Each client has its own token (``--auth-token-file``: the token is who a client is). The heavy
 clients loop requests of 64 texts x beam 16 with a 2 s deadline; the light client sends one text,
@@ -22,6 +22,7 @@ import json
 import os
 import platform
 import re
+import shlex
 import statistics
 import sys
 import tempfile
@@ -111,6 +112,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--seconds", type=float, default=30)
     p.add_argument("--heavy-deadline", type=float, default=2.0, help="the heavy requests' deadline, seconds")
+    p.add_argument("--server-flags", default="", help="more `nmt serve` flags for both settings (--max-rows 256)")
     p.add_argument("--out", type=Path, default=ROOT / "loadtest" / "results" / "bench_fairness")
     args = p.parse_args(argv)
     pairs = [json.loads(line)["src_raw"] for line in args.texts.read_text().splitlines() if line.strip()]
@@ -125,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
             for setting in ("on", "off"):
                 server = ServerProcess(ROOT / args.model, Path(tmp) / f"server-{setting}.log", "--fairness", setting,
                                        "--auth-token-file", str(token_file), "--max-texts", str(HEAVY_TEXTS),
-                                       "--max-beam", str(HEAVY_BEAM))
+                                       "--max-beam", str(HEAVY_BEAM), *shlex.split(args.server_flags))
                 try:
                     rows[setting].append(asyncio.run(one_round(server, tokens, short, long, args.seconds,
                                                                args.heavy_deadline)))

@@ -1,19 +1,19 @@
 """The served models: find, load, verify, warm up, look up, swap versions, drain, close.
 
-Protocol-free: the front door (``service.api.frontend``), which every transport calls,
-resolves requests to a ``Model`` here. Here the decoding engine (``service.decoding``) is
-wired to the scheduler (``service.scheduling``); the two meet only through
-``service.interface``. Process-level tuning (threads per engine from the container's CPU
-limit, giving an unloaded model's memory back) is ``service.process``'s.
+Protocol-free: the front door (``service.api.frontend``), which every transport calls, resolves
+requests to a ``Model`` here. Here the decoding engine (``service.decoding``) is wired to the
+scheduler (``service.scheduling``); the two meet only through ``service.interface``. Process-level
+tuning (threads per engine from the container's CPU limit, giving an unloaded model's memory
+back) is ``service.process``'s.
 
-Model control (``--model-control poll``, or SIGHUP in either mode): ``rescan`` looks
-at the repository again. A new ``<name>/<version>/`` is loaded (checksums checked),
-warmed up with a translation, and only then takes the requests for ``<name>``
-(``--model-versions latest``) or joins the loaded versions (``all``); requests already decoding
-finish on the version that started them. A version replaced or whose directory is gone stops
-taking requests and is closed once its requests have finished. A version that fails to load is refused with one log line and
-``nmt_model_load_failures_total``; what was serving goes on. The poller tries a version only once its
-directory has settled (``repository.Settling``); SIGHUP at once; a failed rescan never stops it (``repository.Watcher``).
+Model control (``--model-control poll``, or SIGHUP in either mode): ``rescan`` looks at the repository again.
+A new ``<name>/<version>/`` is loaded (checksums checked), warmed up with a translation, and only then takes
+the requests for ``<name>`` (``--model-versions latest``) or joins the loaded versions (``all``); requests
+already decoding finish on the version that started them. A version replaced or whose directory is gone stops
+taking requests and is closed once its requests have finished. A version that fails to load is refused with
+one log line and ``nmt_model_load_failures_total``; what was serving goes on. The poller tries a version only
+once its directory has settled (``repository.Settling``); SIGHUP at once; a failed rescan never stops it
+(``repository.Watcher``).
 """
 
 from __future__ import annotations
