@@ -91,7 +91,8 @@ class ProcessScheduler(Scheduler):
                                              {**self._engine.construction, "step_threads": None}))
         self.process.start()
         child.close()
-        log.info("%s: batches decode in process %s (--engine-process on)", self._model_label, self.process.pid)
+        log.info("%s: batches decode in process %s (the engine process: --engine-process on, or auto for one model)",
+                 self._model_label, self.process.pid)
 
     async def close(self) -> None:
         """Stop the driver (as ``Scheduler.close``), then the child."""
