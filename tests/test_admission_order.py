@@ -27,7 +27,10 @@ class Reference(SchedulerState):
         for e in self.running.values():
             rows[e.lane] += e.prepared.rows
             longest[e.lane] = max(longest[e.lane], len(e.prepared.source_ids))
-        free = self.config.max_rows - min(rows.get(e.lane, 0) for e in self.queue)
+        def room(lane: str) -> tuple[int, int]:  # the small lane's budgets are SMALL_LANE_SCALE times
+            scale = admission.SMALL_LANE_SCALE if lane == "small" else 1
+            return self.config.max_rows * scale, self.config.max_tokens * scale
+        free = max(room(e.lane)[0] - rows.get(e.lane, 0) for e in self.queue)
         if free <= 0 or self._should_wait(now, idle=idle, free_rows=free):
             return []
         by_client, heads = self._by_client()
@@ -45,7 +48,7 @@ class Reference(SchedulerState):
             if e.lane in closed or (e.lane == "bulk" and shared and bulk >= BULK_TEXTS_WHILE_SHARED):
                 continue
             n, width = rows[e.lane] + e.prepared.rows, max(longest[e.lane], len(e.prepared.source_ids))
-            if (n > self.config.max_rows or n * width > self.config.max_tokens) and not (idle and not chosen):
+            if (n > room(e.lane)[0] or n * width > room(e.lane)[1]) and not (idle and not chosen):
                 if e is heads[client]:
                     closed.add(e.lane)
                 continue

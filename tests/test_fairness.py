@@ -128,6 +128,24 @@ def test_a_small_request_decodes_in_its_own_lane_with_its_own_rows() -> None:
     assert state.lane_weights() == {"bulk": 1, "small": 1}
 
 
+def test_the_small_lane_holds_twice_the_rows_and_tokens_of_the_bulk_lane() -> None:
+    from service.scheduling.admission import SMALL_LANE_SCALE
+
+    assert SMALL_LANE_SCALE == 2
+    state = SchedulerState(config(max_rows=4, max_tokens=1000, small_rows=1))
+    for client in range(10):  # one-row requests of ten clients: the small lane
+        state.submit(client, [prep()], now=0.0, deadline=None, client=f"c{client}")
+    cycle = state.take(0.0)
+    assert len(cycle.add) == 8 and set(cycle.lanes) == {"small"}  # 2 x max_rows
+    state.submit(10, [prep()] * 6, now=0.0, deadline=None, client="bulky")  # 6 rows: bulk
+    assert [lane for lane in state.take(0.0).lanes] == ["bulk"] * 2  # bulk texts join 2 a cycle beside small ones
+    assert len(state.take(0.0).add) == 2 and not state.take(0.0).add  # and stop at max_rows
+    tokens = SchedulerState(config(max_rows=100, max_tokens=40, small_rows=1))
+    for client in range(25):  # 4-piece sources: 20 rows make 80 tokens, 2 x max_tokens
+        tokens.submit(client, [prep()], now=0.0, deadline=None, client=f"c{client}")
+    assert len(tokens.take(0.0).add) == 20
+
+
 class _TimedBatch:
     """A batch whose step takes ``cost`` seconds of a fake clock, and never finishes a text."""
 

@@ -1,27 +1,22 @@
 """Admission: which queued texts join the running batch, and when. Pure code.
 
-``SchedulerState`` is the "pure state" half of the scheduler (handle + pure state +
-one background task, as text-generation-inference's ``router/src/queue.rs``):
-plain synchronous code with the clock passed in, no I/O and no engine, tested
-on its own (``tests/test_scheduler.py``). It keeps the queued texts (arrival
-order), the texts decoding, the estimated work (rows x steps) for admission
-control, and decides each cycle's removals and additions within the row and
-token budgets. ``service.scheduling.scheduler.Scheduler`` drives it from the
-event loop.
+``SchedulerState`` is the "pure state" half of the scheduler (handle + pure state + one background
+task, as text-generation-inference's ``router/src/queue.rs``): plain synchronous code with the clock
+passed in, no I/O and no engine, tested on its own (``tests/test_scheduler.py``). It keeps the
+queued texts (arrival order), the texts decoding, the estimated work (rows x steps) for admission
+control, and decides each cycle's removals and additions within the row and token budgets.
+``service.scheduling.scheduler.Scheduler`` drives it from the event loop.
 
-Fairness between clients (a token's identity, else the peer address): each
-client with work is owed an equal share of the rows (``max_rows`` over the
-clients queued or decoding). Clients below their share go first, the one with
-the fewest rows decoding first (rows this cycle's choices included; the least
-recently served among equals), its oldest text first, then its texts of that
-text's length bucket (less padding); clients at or above their share then take
-what is left oldest text first, so that heavy requests finish one after another
-instead of all late together. So a newcomer's text joins at the next rows that
-free up, ahead of any backlog, and no client's backlog pushes others out; when
-a client's oldest text does not fit, its lane's rows are kept for it (nobody
-starves). Small requests decode in a lane of their own, with its own budgets
-(``service.scheduling.lanes``). With one client it is the old order: oldest
-text first, then its length bucket.
+Fairness between clients (a token's identity, else the peer address): each client with work is owed
+an equal share of the rows (``max_rows`` over the clients queued or decoding). Clients below their
+share go first, the one with the fewest rows decoding first (rows this cycle's choices included; the
+least recently served among equals), its oldest text first, then its texts of that text's length
+bucket (less padding); clients at or above their share then take what is left oldest text first, so
+that heavy requests finish one after another instead of all late together. So a newcomer's text
+joins at the next rows that free up, ahead of any backlog, and no client's backlog pushes others
+out; when a client's oldest text does not fit, its lane's rows are kept for it (nobody starves).
+Small requests decode in a lane of their own, with its own budgets, ``SMALL_LANE_SCALE`` times the
+bulk lane's (``service.scheduling.lanes``). With one client it is the old order.
 """
 
 from __future__ import annotations
@@ -38,6 +33,9 @@ from service.interface import Key, Prepared
 
 BUCKET_TOKENS = 8
 """Sources whose lengths fall in the same 8-piece bucket are batched together first."""
+SMALL_LANE_SCALE = 2
+"""The small lane's budgets are this many times ``max_rows`` and ``max_tokens`` (the bulk lane's, whose
+steps a small request waits for): one step of 256 small rows serves more than two of 128 (Zen 4)."""
 BULK_TEXTS_WHILE_SHARED = 2
 """While small requests decode or wait, at most this many bulk texts join per cycle: one long
 encoder run of eight heavy texts would hold up every small request's next step."""
@@ -102,8 +100,7 @@ class SchedulerState:
         self._admissions = 0
 
     @property
-    def running_rows(self) -> int:
-        """Decoder rows of the running texts."""
+    def running_rows(self) -> int:  # decoder rows of the running texts
         return sum(self.client_rows.values())
 
     def submit(self, request_id: int, prepared: Sequence[Prepared], *, now: float,
@@ -120,8 +117,7 @@ class SchedulerState:
             raise overloaded(total=self.work + work, work=work, limit=limit)
         self.work += work
         self.client_work[client] += work
-        small = 0 < sum(p.rows for p in prepared) <= self.config.small_rows
-        lane = "small" if small else "bulk"
+        lane = "small" if 0 < sum(p.rows for p in prepared) <= self.config.small_rows else "bulk"
         self.queue += [Entry((request_id, i), p, now, deadline, stream, client, lane) for i, p in enumerate(prepared)]
         self.queued_rows[lane] += sum(p.rows for p in prepared)
 
@@ -230,14 +226,14 @@ class SchedulerState:
             rows[e.lane] += e.prepared.rows
             longest[e.lane] = max(longest[e.lane], len(e.prepared.source_ids))
         lanes = {lane for lane, n in self.queued_rows.items() if n > 0}
-        free = self.config.max_rows - min(rows.get(lane, 0) for lane in lanes)
+        free = max(self._room(lane)[0] - rows.get(lane, 0) for lane in lanes)
         if free <= 0 or self._should_wait(now, idle=idle, free_rows=free):
             return []
         by_client, heads = self._by_client()
         orders: dict[str, list[Entry]] = {}  # client_order, made when a cycle first visits the client
         load = Counter({c: self.client_rows.get(c, 0) for c in heads})
         chosen, bulk_added = [], 0
-        closed = {lane for lane in lanes if self._full(rows[lane], longest[lane])}  # nothing more joins there
+        closed = {lane for lane in lanes if self._full(lane, rows[lane], longest[lane])}  # nothing more joins there
         shared = rows["small"] > 0 or "small" in lanes
         share = self.config.max_rows / max(1, len(set(heads) | set(self.client_rows)))
 
@@ -260,7 +256,7 @@ class SchedulerState:
                 closed.add(e.lane)  # one short encoder run at a time while small requests wait for steps
             if e.lane not in closed:
                 new_rows, new_longest = rows[e.lane] + e.prepared.rows, max(longest[e.lane], len(e.prepared.source_ids))
-                fits = new_rows <= self.config.max_rows and new_rows * new_longest <= self.config.max_tokens
+                fits = new_rows <= self._room(e.lane)[0] and new_rows * new_longest <= self._room(e.lane)[1]
                 if fits or (idle and not chosen):  # the first text of a batch always fits
                     chosen.append(e)
                     bulk_added += e.lane == "bulk"
@@ -268,7 +264,7 @@ class SchedulerState:
                     self._admissions += 1
                     self.served_at[client] = self._admissions
                     rows[e.lane], longest[e.lane] = new_rows, new_longest
-                    if self._full(new_rows, new_longest):
+                    if self._full(e.lane, new_rows, new_longest):
                         closed.add(e.lane)
                 elif e is heads[client]:
                     closed.add(e.lane)  # keep the rows for this client's oldest text rather than starve it
@@ -276,9 +272,13 @@ class SchedulerState:
                 heapq.heappush(turns, (turn(client), i, client))
         return chosen
 
-    def _full(self, rows: int, longest: int) -> bool:
-        """Whether no text fits a lane of ``rows`` rows padded to ``longest`` (each adds a row)."""
-        return rows >= self.config.max_rows or (rows + 1) * longest > self.config.max_tokens
+    def _room(self, lane: str) -> tuple[int, int]:  # a lane's budgets: rows, rows x padded source length
+        scale = SMALL_LANE_SCALE if lane == "small" else 1
+        return self.config.max_rows * scale, self.config.max_tokens * scale
+
+    def _full(self, lane: str, rows: int, longest: int) -> bool:
+        """Whether no text fits ``lane`` at ``rows`` rows padded to ``longest`` (each adds a row)."""
+        return rows >= self._room(lane)[0] or (rows + 1) * longest > self._room(lane)[1]
 
     def _by_client(self) -> tuple[dict[str, list[Entry]], dict[str, Entry]]:
         """Each client's queued texts, oldest first; and its oldest."""
