@@ -27,6 +27,7 @@ from service.app import ServedModels, load_engines
 from service.config import Batching, ModelControl, ServeConfig
 from service.interface import Engine
 from service.metrics import Metrics, MetricsServer
+from service.scheduling.admission import SMALL_LANE_SCALE
 
 log = logging.getLogger("nmt.server")
 
@@ -96,12 +97,12 @@ class App:
         access = ("mTLS" if sec.tls_client_ca_file else "TLS" if sec.tls else "plaintext") + (
             ", tokens" if sec.auth_token_file else ", no tokens")
         log.info("serving %s on %s:%d (%s; metrics %s:%d/metrics) on %s, %s-level batching "
-                 "(max_rows=%d max_tokens=%d max_wait=%.1fms max_queued_work=%d), warm-up %.0f ms, "
+                 "(max_rows=%d max_tokens=%d%s max_wait=%.1fms max_queued_work=%d), warm-up %.0f ms, "
                  "HTTP :%d",
                  ", ".join(f"{m.ref} ({m.engine.precision})" for m in self.models.all), config.host,
                  self.port, access, config.metrics_host, self.metrics_port, config.provider,
                  Batching.STEP if sc.step_level else Batching.REQUEST, sc.max_rows, sc.max_tokens,
-                 sc.max_wait * 1000, sc.max_queued_work, warmup_ms, self.http.port)
+                 f", small requests' lane x{SMALL_LANE_SCALE}" if sc.small_rows else "", sc.max_wait * 1000, sc.max_queued_work, warmup_ms, self.http.port)
 
     async def stop(self, grace: float) -> None:
         """NOT_SERVING, refuse new calls, let in-flight ones finish within ``grace`` seconds."""
