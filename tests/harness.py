@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -58,10 +59,21 @@ def served_version(tree: Path = ROOT, name: str = "en-fr") -> Path:
 
 
 def free_port() -> int:
-    """A loopback port nothing listens on now (the OS's choice)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A loopback port nothing listens on now, below the ephemeral range: a port the OS picks (``bind(0)``)
+    is one it may also give the next outgoing connection before the server binds it (a hostile-soak run
+    failed so: "address already in use")."""
+    try:
+        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768
+    for port in random.Random().sample(range(max(1024, low - 12000), low), 200):
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise OSError("no free loopback port below the ephemeral range")
 
 
 def wait_until(condition: Callable[[], object], *, timeout: float, what: str, process=None,

