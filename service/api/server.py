@@ -102,7 +102,8 @@ class App:
                  ", ".join(f"{m.ref} ({m.engine.precision})" for m in self.models.all), config.host,
                  self.port, access, config.metrics_host, self.metrics_port, config.provider,
                  Batching.STEP if sc.step_level else Batching.REQUEST, sc.max_rows, sc.max_tokens,
-                 f", small requests' lane x{SMALL_LANE_SCALE}" if sc.small_rows else "", sc.max_wait * 1000, sc.max_queued_work, warmup_ms, self.http.port)
+                 f", small requests' lane x{SMALL_LANE_SCALE}" if sc.small_rows else "", sc.max_wait * 1000,
+                 sc.max_queued_work, warmup_ms, self.http.port)
 
     async def stop(self, grace: float) -> None:
         """NOT_SERVING, refuse new calls, let in-flight ones finish within ``grace`` seconds."""

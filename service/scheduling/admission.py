@@ -89,6 +89,8 @@ class SchedulerState:
 
     def __init__(self, config: SchedulerConfig) -> None:
         self.config = config
+        self.budgets = {lane: (config.max_rows * scale, config.max_tokens * scale)  # rows, rows x padded length
+                        for lane, scale in (("small", SMALL_LANE_SCALE), ("bulk", 1))}
         self.queue: list[Entry] = []  # arrival order
         self.running: dict[Key, Entry] = {}
         self.pending_removal: list[Key] = []
@@ -226,7 +228,7 @@ class SchedulerState:
             rows[e.lane] += e.prepared.rows
             longest[e.lane] = max(longest[e.lane], len(e.prepared.source_ids))
         lanes = {lane for lane, n in self.queued_rows.items() if n > 0}
-        free = max(self._room(lane)[0] - rows.get(lane, 0) for lane in lanes)
+        free = max(self.budgets[lane][0] - rows.get(lane, 0) for lane in lanes)
         if free <= 0 or self._should_wait(now, idle=idle, free_rows=free):
             return []
         by_client, heads = self._by_client()
@@ -256,7 +258,7 @@ class SchedulerState:
                 closed.add(e.lane)  # one short encoder run at a time while small requests wait for steps
             if e.lane not in closed:
                 new_rows, new_longest = rows[e.lane] + e.prepared.rows, max(longest[e.lane], len(e.prepared.source_ids))
-                fits = new_rows <= self._room(e.lane)[0] and new_rows * new_longest <= self._room(e.lane)[1]
+                fits = new_rows <= self.budgets[e.lane][0] and new_rows * new_longest <= self.budgets[e.lane][1]
                 if fits or (idle and not chosen):  # the first text of a batch always fits
                     chosen.append(e)
                     bulk_added += e.lane == "bulk"
@@ -272,13 +274,10 @@ class SchedulerState:
                 heapq.heappush(turns, (turn(client), i, client))
         return chosen
 
-    def _room(self, lane: str) -> tuple[int, int]:  # a lane's budgets: rows, rows x padded source length
-        scale = SMALL_LANE_SCALE if lane == "small" else 1
-        return self.config.max_rows * scale, self.config.max_tokens * scale
-
     def _full(self, lane: str, rows: int, longest: int) -> bool:
         """Whether no text fits ``lane`` at ``rows`` rows padded to ``longest`` (each adds a row)."""
-        return rows >= self._room(lane)[0] or (rows + 1) * longest > self._room(lane)[1]
+        max_rows, max_tokens = self.budgets[lane]
+        return rows >= max_rows or (rows + 1) * longest > max_tokens
 
     def _by_client(self) -> tuple[dict[str, list[Entry]], dict[str, Entry]]:
         """Each client's queued texts, oldest first; and its oldest."""
