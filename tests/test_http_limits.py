@@ -217,9 +217,11 @@ def test_out_of_descriptors_pauses_accepting_without_a_log_storm(tmp_path: Path)
     full_seconds = 1.5
     log = tmp_path / "child.log"
     with log.open("w") as err:
-        child = subprocess.Popen([sys.executable, "-c", CHILD, str(full_seconds)], stdout=subprocess.PIPE,
-                                 stderr=err, text=True, preexec_fn=lambda: resource.setrlimit(
-                                     resource.RLIMIT_NOFILE, (256, 256)))
+        # the limit set by the child itself: a preexec_fn forks this process, whose gRPC threads make that
+        # unsafe (a full run once lost the child so, before it printed its port)
+        limit = "import resource; resource.setrlimit(resource.RLIMIT_NOFILE, (256, 256))\n"
+        child = subprocess.Popen([sys.executable, "-c", limit + CHILD, str(full_seconds)], stdout=subprocess.PIPE,
+                                 stderr=err, text=True)
     try:
         port = int(child.stdout.readline())
         socks = [connect(port) for _ in range(3)]
