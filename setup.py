@@ -11,6 +11,6 @@ from setuptools import Extension, setup
 
 setup(ext_modules=[Extension("service.decoding._attention",
                              ["service/decoding/attention.c", "service/decoding/output_layer.c",
-                              "service/decoding/encoder.c"],
+                              "service/decoding/encoder.c", "service/decoding/shortlist_layer.c"],
                              depends=["service/decoding/kernels.h"],
                              extra_compile_args=["-O3", "-std=gnu11", "-Wno-psabi"], optional=True)])

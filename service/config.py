@@ -95,7 +95,7 @@ class ServeConfig:
     http_port: int = 0  # HTTP/JSON API and web page (service.api.http_server); 0 = off
     http_limits: HttpLimits = HttpLimits()  # the HTTP port's timeouts and connection cap
     int8_form: Int8Form = Int8Form.AUTO  # the int8 products' form (auto: from the CPU's flags)
-    shortlist: Shortlist = Shortlist.OFF  # project each step onto the texts' candidate pieces
+    shortlist: Shortlist = Shortlist.AUTO  # project each step onto the texts' candidate pieces
     trust_client_id: bool = False  # fairness: the x-client-id header names the client (else token / peer)
     fairness: bool = True  # rows shared between clients (off: one arrival-ordered queue)
     engine_process: bool | None = None  # batches decode in a child process per model (service.scheduling.remote);
@@ -165,9 +165,9 @@ FLAGS: list[tuple[str, Callable[[str], object], object, str]] = [
     ("--threads", _int_at_least(0), 0, "ONNX Runtime intra-op threads per engine (0: the cores, divided among models)"),
     ("--int8-form", _choice(Int8Form), Int8Form.AUTO,
      "int8 products: auto (u8s8 where the CPU has VNNI or AMX, checked against u8u8 at load), u8s8, u8u8"),
-    ("--shortlist", _choice(Shortlist), Shortlist.OFF,
+    ("--shortlist", _choice(Shortlist), Shortlist.AUTO,
      "lexical shortlist of target pieces: off, auto (where the manifest shows <= 0.3 BLEU lost), on; "
-     "faster steps for a few texts, slower at saturation (docs/speed.md)"),
+     "each row scored over its own text's words (docs/speed-round2.md)"),
     ("--decoder-spinning", _choice(Switch), Switch.ON,
      "decoder-step pool threads spin between operators (faster steps; off frees CPU between steps)"),
     ("--engine-process", _choice(EngineProcess), EngineProcess.AUTO, "on: each model's batches decode in a process of "

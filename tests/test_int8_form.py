@@ -152,7 +152,7 @@ def test_the_flags_parse_into_the_config() -> None:
     from service.config import Int8Form as Form, Shortlist, parse
 
     default = parse(["--model-repository", "x"], env={})
-    assert default.int8_form is Form.AUTO and default.shortlist is Shortlist.OFF
+    assert default.int8_form is Form.AUTO and default.shortlist is Shortlist.AUTO
     asked = parse(["--model-repository", "x", "--int8-form", "U8U8"], env={"NMT_SHORTLIST": "auto"})
     assert asked.int8_form is Form.U8U8 and asked.shortlist is Shortlist.AUTO
 

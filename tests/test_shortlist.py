@@ -106,18 +106,28 @@ def test_candidates_mask_each_row_to_its_own_text(shortlisted: Path) -> None:
 
 def test_every_candidate_gives_the_full_vocabularys_answer(reversal_repository: Path,
                                                            monkeypatch: pytest.MonkeyPatch) -> None:
-    """A list holding every piece changes nothing: gathered or masked, the tokens are the full
+    """A list holding every piece changes nothing: per row, gathered or masked, the tokens are the full
     vocabulary's, and the log-probabilities agree to rounding."""
+    from service.decoding import shortlist_rows
+
     engine = Engine(reversal_repository, precision="int8", shortlist=ShortlistChoice.OFF)
     everything = shortlist.Shortlist(offsets=np.zeros(41, np.int64), ids=np.zeros(0, np.int32),
                                      always=np.arange(engine.vocab_size))
     full = [t.hypotheses[0].tokens for t in engine.translate(TEXTS, DecodingOptions(beam_size=3))]
-    for share in (1.0, 0.0):  # gathered, then masked
+    load_rows = shortlist_rows.load
+    for share, rows in ((1.0, True), (1.0, False), (0.0, False)):  # per row, gathered, then masked
         monkeypatch.setattr(shortlist, "MAX_GATHERED_SHARE", share)
+        monkeypatch.setattr(shortlist_rows, "load", load_rows if rows else lambda *a, **k: None)
         listed = Engine(reversal_repository, precision="int8", shortlist=ShortlistChoice.OFF)
+        listed.runtime.shortlist = everything
         listed.runtime._use_shortlist(str(reversal_repository / "decoder_step.int8.onnx"), everything,
                                       options=listed.runtime.decoder.get_session_options(),
                                       providers=["CPUExecutionProvider"])
+        assert listed.runtime.shortlist_rows is rows
+        batch = listed.new_batch()
+        batch.add([((0, 0), listed.prepare_text(TEXTS[0], DecodingOptions(), 0))])
+        assert batch._candidates is not None and batch._candidates.per_row is rows
+        assert batch._candidates.gathered is (share == 1.0 and not rows)
         assert [t.hypotheses[0].tokens for t in listed.translate(TEXTS, DecodingOptions(beam_size=3))] == full
 
 
@@ -142,8 +152,8 @@ def test_a_text_decodes_the_same_alone_and_in_a_batch(shortlisted: Path) -> None
 
 
 def test_auto_follows_the_recorded_bleu(shortlisted: Path, tmp_path: Path) -> None:
-    assert not Engine(shortlisted, precision="int8").shortlist  # off unless asked
-    assert not Engine(shortlisted, precision="int8", shortlist=ShortlistChoice.AUTO).shortlist  # no BLEU
+    assert not Engine(shortlisted, precision="int8").shortlist  # auto by default: no BLEU recorded
+    assert not Engine(shortlisted, precision="int8", shortlist=ShortlistChoice.OFF).shortlist
     repo = tmp_path / "reversal" / "1"
     shutil.copytree(shortlisted, repo)
     manifest = json.loads((repo / "manifest.json").read_text())

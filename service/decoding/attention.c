@@ -185,6 +185,11 @@ static PyMethodDef methods[] = {
      "(raw (rows, V), scale (rows, 1), bias (V,)); their k best log-probabilities, descending, into values "
      "(rows, k) and their ids into ids (rows, k) (ties: the lower id first); every log-probability into "
      "log_probs (rows, V) when given."},
+    {"shortlist_layer", py_shortlist_layer, METH_VARARGS,
+     "shortlist_layer(a, scale, w, wsum, wscale, bias, starts, counts, ids, values, out_ids, threads=1, form=-1): "
+     "the output layer over each row's own candidates (service/decoding/shortlist_layer.c): row r's k best "
+     "log-probabilities over ids[starts[r]:starts[r] + counts[r]] into values and out_ids (rows, k); form as "
+     "gru_encode's, same results."},
     {NULL, NULL, 0, NULL}};
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_attention", NULL, -1, methods, NULL, NULL, NULL, NULL};

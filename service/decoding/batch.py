@@ -22,7 +22,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from service.decoding import layout, shortlist
+from service.decoding import layout, shortlist, shortlist_rows
 from service.decoding.runtime import Runtime, StepOutput
 from service.decoding.search import History, apply, choose, normalized_score
 from service.interface import Decoded, Finished, Key, Prepared, SpecialIds
@@ -35,7 +35,8 @@ class _Text:
     key: Key
     prepared: Prepared
     start: int  # the history step of its first decoder step
-    candidates: np.ndarray | None = None  # (n,) target ids it may produce (the shortlist), None: all
+    candidates: np.ndarray | None = None  # (n,) target ids it may produce (the shortlist; per row: but the
+    # always-words), None: all
     finished: list[Finished] = field(default_factory=list)
 
     @property
@@ -66,7 +67,8 @@ def encode(runtime: Runtime, pad: int, items: Sequence[tuple[Key, Prepared]]) ->
         out = runtime.encode(src, run_lengths)
         outputs.append((out.annotations, out.keys, out.init_state))
     return Encoded(items=ordered, runs=runs, outputs=outputs,
-                   candidates=[None if lists is None else lists.of_text(p.source_ids) for _, p in ordered])
+                   candidates=[None if lists is None else lists.of_text(p.source_ids, own=runtime.shortlist_rows)
+                               for _, p in ordered])
 
 
 class Batch:
@@ -225,9 +227,12 @@ class Batch:
                   [(int(b), np.flatnonzero(self._beams == b)) for b in sizes])
         self._layout = (np.concatenate([[0], np.cumsum(self._beams)]), groups)
         self._candidates = None
-        if self._runtime.shortlist is not None and self._texts:
-            self._candidates = shortlist.candidates(self._runtime.output_layer, [t.candidates for t in self._texts],
-                                                    self._beams, pad_id=self._special.pad)
+        lists, texts = self._runtime.shortlist, [t.candidates for t in self._texts]
+        if lists is not None and texts:
+            self._candidates = (shortlist_rows.candidates(texts, self._beams, len(lists.always))
+                                if self._runtime.shortlist_rows else
+                                shortlist.candidates(self._runtime.output_layer, texts, self._beams,
+                                                     pad_id=self._special.pad))
 
     def _choose(self, out: StepOutput, beam: int, members: np.ndarray | None, rows: np.ndarray | None,
                 offsets: np.ndarray):

@@ -113,7 +113,7 @@ static void product_plain(int64_t n, int64_t K2, int64_t J, const int32_t *q, co
         }
 }
 
-static int best_form(void) {
+int int8_best_form(void) {
     __builtin_cpu_init();
     if (__builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512bw")) return 2;
     return __builtin_cpu_supports("avx2") ? 1 : 0;
@@ -255,7 +255,7 @@ PyObject *py_gru_encode(PyObject *self, PyObject *args) {
     PyObject *result = NULL;
     if (got == ARRAYS) {
         Py_ssize_t V = b[0].shape[0], J = b[0].shape[2], H = J / 3, B = b[1].shape[0], T = b[1].shape[1];
-        int best = best_form();
+        int best = int8_best_form();
         const int64_t *ids = b[1].buf;
         Py_ssize_t bad = -1;
         for (Py_ssize_t i = 0; i < B * T && bad < 0; i++)
@@ -289,5 +289,5 @@ PyObject *py_gru_encode(PyObject *self, PyObject *args) {
 PyObject *py_gru_form(PyObject *self, PyObject *args) {
     (void)self, (void)args;
     static const char *forms[3] = {"plain", "avx2", "avx512-vnni"};
-    return PyUnicode_FromString(forms[best_form()]);
+    return PyUnicode_FromString(forms[int8_best_form()]);
 }

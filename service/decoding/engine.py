@@ -37,7 +37,7 @@ class Engine:
                  provider: str = "cpu", intra_op_threads: int | None = None,
                  limits: Limits = Limits(), decoder_spinning: bool = True,
                  int8_form: FormChoice = FormChoice.AUTO,
-                 shortlist: ShortlistChoice = ShortlistChoice.OFF, packed_attention: bool = True,
+                 shortlist: ShortlistChoice = ShortlistChoice.AUTO, packed_attention: bool = True,
                  shared_pool: bool = False, fused_attention: bool = True,
                  fused_encoder: bool = True, step_threads: int | None = None) -> None:
         if precision not in PRECISIONS:
@@ -58,6 +58,8 @@ class Engine:
                                int8_form=int8_form, shortlist=lists, packed_attention=packed_attention,
                                shared_pool=shared_pool, fused_attention=fused_attention,
                                fused_encoder=fused_encoder, step_threads=step_threads)
+        if self.runtime.shortlist_rows:
+            self.shortlist_reason += "; each row over its own words"
         self.max_source_tokens = min(limits.max_source_tokens, manifest.max_source_tokens)
         self.construction = dict(precision=precision, provider=provider, intra_op_threads=intra_op_threads,
                                  limits=limits, decoder_spinning=decoder_spinning, int8_form=int8_form,

@@ -194,10 +194,11 @@ def kernel_threads(intra_op_threads: int | None, shared_pool: bool, spinning: bo
     return intra_op_threads if intra_op_threads and not shared_pool else cores()[0]
 
 
-def check(reference: Callable, fused: FusedStep, feed: Mapping[str, np.ndarray], names: Sequence[str]
-          ) -> str | None:
+def check(reference: Callable, fused: FusedStep, feed: Mapping[str, np.ndarray], names: Sequence[str],
+          shared: Sequence[str] = ()) -> str | None:
     """None when ``fused`` agrees with the graph (``reference``: feed -> outputs ``names``) within
-    ``TOLERANCE`` on ``feed`` and gives each row alone the bits it gives it in the batch."""
+    ``TOLERANCE`` on ``feed`` and gives each row alone the bits it gives it in the batch (``shared``:
+    inputs that are not one entry per row, given whole)."""
     whole = fused.run(names, feed)
     if (problem := beyond(names, reference(feed), whole, TOLERANCE)) is not None:
         return problem
@@ -207,7 +208,7 @@ def check(reference: Callable, fused: FusedStep, feed: Mapping[str, np.ndarray],
         if not np.array_equal(carried, fused.query.run(None, {"state": state})[0]):
             return "the next step's product made in the step is not the query graph's"
     for row in (0, len(feed["state"]) - 1):
-        alone = fused.run(names, {n: (v if v.ndim == 0 else v[row:row + 1]) for n, v in feed.items()})
+        alone = fused.run(names, {n: (v if v.ndim == 0 or n in shared else v[row:row + 1]) for n, v in feed.items()})
         for name, a, b in zip(names, whole, alone):
             if name != "topk_ids" and not np.array_equal(a[row:row + 1], b):
                 return f"row {row} alone: {name} is not the bits it has in the batch"

@@ -58,6 +58,29 @@ static inline __attribute__((always_inline)) vf tanh_v(vf x) {
     return (vf)((vi)t | sign);
 }
 
+#define MAX_K 256 /* the most log-probabilities an output kernel keeps per row */
+
+static inline __attribute__((unused)) int any(vi mask) {
+    uint64_t words[LANES / 2];
+    memcpy(words, &mask, sizeof words);
+    uint64_t all = 0;
+    for (int i = 0; i < LANES / 2; i++) all |= words[i];
+    return all != 0;
+}
+
+/* x (id v) into the k best so far (best[0] the largest), when above the k-th */
+static inline __attribute__((unused)) void offer(float *best, int64_t *ids, int64_t *have, int64_t k, float x, int64_t v) {
+    if (*have == k && !(x > best[k - 1])) return;
+    int64_t i = *have < k ? (*have)++ : k - 1;
+    while (i > 0 && x > best[i - 1]) {
+        best[i] = best[i - 1];
+        ids[i] = ids[i - 1];
+        i--;
+    }
+    best[i] = x;
+    ids[i] = v;
+}
+
 static inline float hsum(vf acc) { /* the 16 lanes summed in a fixed order */
     float lane[LANES];
     memcpy(lane, &acc, sizeof lane);
@@ -77,7 +100,11 @@ void run_rows(RowsFn fn, const void *ctx, int64_t rows, const int64_t *weights, 
  * a ValueError naming it. */
 int get_buffer(PyObject *obj, Py_buffer *view, int ndim, char fmt, int writable, const char *name);
 
+/* The best form of exact int8 products this CPU has: 2 AVX-512 VNNI, 1 AVX2, 0 plain C (encoder.c). */
+int int8_best_form(void);
+
 PyObject *py_output_layer(PyObject *self, PyObject *args);
+PyObject *py_shortlist_layer(PyObject *self, PyObject *args);
 PyObject *py_gru_encode(PyObject *self, PyObject *args);
 PyObject *py_gru_form(PyObject *self, PyObject *args);
 

@@ -10,8 +10,6 @@
  */
 #include "kernels.h"
 
-#define MAX_K 256
-
 typedef struct {
     int64_t V, k;
     const float *raw, *scale, *bias;
@@ -24,27 +22,6 @@ static inline __attribute__((always_inline)) vf logits_at(const float *raw, cons
     memcpy(&x, raw + v0, sizeof x);
     memcpy(&b, bias + v0, sizeof b);
     return x * s + b;
-}
-
-static inline int any(vi mask) {
-    uint64_t words[LANES / 2];
-    memcpy(words, &mask, sizeof words);
-    uint64_t all = 0;
-    for (int i = 0; i < LANES / 2; i++) all |= words[i];
-    return all != 0;
-}
-
-/* x (id v) into the k best so far (best[0] the largest), when above the k-th */
-static inline void offer(float *best, int64_t *ids, int64_t *have, int64_t k, float x, int64_t v) {
-    if (*have == k && !(x > best[k - 1])) return;
-    int64_t i = *have < k ? (*have)++ : k - 1;
-    while (i > 0 && x > best[i - 1]) {
-        best[i] = best[i - 1];
-        ids[i] = ids[i - 1];
-        i--;
-    }
-    best[i] = x;
-    ids[i] = v;
 }
 
 CLONES

@@ -17,7 +17,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 
-from service.decoding import fused, int8_form, packed
+from service.decoding import fused, int8_form, packed, shortlist_rows
 from service.decoding.arrays import Context, EncoderOutput, StepOutput  # noqa: F401 (their home before)
 from service.decoding.fused_encoder import load as fused_encoder_load
 from service.decoding.int8_form import FormChoice, Int8Form
@@ -146,6 +146,11 @@ class Runtime:
         return "fused" if self._fused_encoder is not None else "graph"
 
     @property
+    def shortlist_rows(self) -> bool:
+        """Whether the shortlist's steps score each row over its own candidates (else over the union)."""
+        return self.shortlist is not None and "rows" in self._step_sessions
+
+    @property
     def packed(self) -> bool:
         """Packed attention (``service.decoding.packed``): ``decoder`` is the packed step."""
         return self._padded is not None
@@ -166,6 +171,10 @@ class Runtime:
             raise ModelRepositoryError(f"{path}: no shortlist for this graph ({e})") from None
         if self._fused is not None:  # the same cut as the checked step's (ValueError: a bug, not a model's fault)
             self._step_sessions = {True: self._fused.like(gathered), False: self._fused.like(masked)}
+            rows = shortlist_rows.load(step, self._fused, self._step_sessions[False], self.output_layer,
+                                       shortlist.always, self._step_feed())
+            if rows is not None:  # each row over its own candidates (the union's sessions stay for benchmarks)
+                self._step_sessions["rows"] = rows
             return
         inputs = packed.step_inputs(DECODER_INPUTS) if self.packed else DECODER_INPUTS
         self._step_sessions = {
@@ -262,7 +271,7 @@ class Runtime:
     def step_session(self, packed_feed: bool, candidates: Candidates | None = None) -> Any:
         """The step session for a context with (``packed_feed``) or without packed indices."""
         if candidates is not None:
-            return self._step_sessions[candidates.gathered]
+            return self._step_sessions["rows" if candidates.per_row else candidates.gathered]
         if self._fused is not None:
             return self._fused
         return self._padded if self._padded is not None and not packed_feed else self.decoder

@@ -21,6 +21,7 @@ across batches).
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -134,11 +135,18 @@ class Shortlist:
     ids: np.ndarray  # (total,) int32 target ids
     always: np.ndarray  # (n,) int64 frequent, special and placeholder target ids
 
-    def of_text(self, source_ids: Sequence[int]) -> np.ndarray:
-        """(n,) sorted target ids a text may produce."""
-        parts = [self.ids[self.offsets[p]:self.offsets[p + 1]] for p in set(source_ids)
-                 if 0 <= p < len(self.offsets) - 1]
-        return np.union1d(self.always, np.concatenate(parts) if parts else self.always)
+    def of_text(self, source_ids: Sequence[int], *, own: bool = False) -> np.ndarray:
+        """(n,) sorted target ids a text may produce; ``own``: but the ``always`` ones."""
+        offsets, ids = self._own if own else (self.offsets, self.ids)
+        parts = [ids[offsets[p]:offsets[p + 1]] for p in set(source_ids) if 0 <= p < len(offsets) - 1]
+        words = np.unique(np.concatenate(parts)) if parts else np.zeros(0, np.int32)
+        return words if own else np.union1d(self.always, words)
+
+    @functools.cached_property
+    def _own(self) -> tuple[np.ndarray, np.ndarray]:
+        """(offsets, ids) of each source piece's candidates but the ``always`` ones (made once)."""
+        keep = ~np.isin(self.ids, self.always)
+        return np.concatenate([[0], np.cumsum(keep)])[self.offsets], self.ids[keep]
 
 
 def always_ids(target: Any) -> list[int]:
@@ -199,15 +207,22 @@ plus 1.65 ms per 1,000 candidates, against 12.9 ms for the whole layer)."""
 class Candidates:
     """The step's output-layer inputs for one batch layout."""
 
-    feed: dict[str, np.ndarray]  # the gathered INPUTS, or row_bias alone (the whole vocabulary)
+    feed: dict[str, np.ndarray]  # the gathered INPUTS, or row_bias alone (the whole vocabulary), or per row
+    always: int = 0  # per row: the always-words every row is scored over besides its own (``shortlist_rows``)
 
     @property
     def gathered(self) -> bool:
         return "candidates" in self.feed
 
     @property
+    def per_row(self) -> bool:
+        """Each row's own candidates (``service.decoding.shortlist_rows``), no union."""
+        return "row_counts" in self.feed
+
+    @property
     def width(self) -> int:
-        return self.feed["row_bias"].shape[1]
+        """Words a row is scored over: the union's (padded), or the widest row's."""
+        return self.always + int(self.feed["row_counts"].max()) if self.per_row else self.feed["row_bias"].shape[1]
 
 
 def _row_bias(layer: OutputLayer, texts: Sequence[np.ndarray], beams: Sequence[int], width: int,
