@@ -8,7 +8,8 @@ Runs on what ships (int8 graphs only is enough), as the server runs it: the int8
 form this CPU gets (``service.decoding.int8_form``: u8 x s8 with VNNI or AMX, u8 x u8
 elsewhere), the full-vocabulary step, and the shortlist step where the repository
 has a shortlist (its candidates: real test sentences, ``rows / beam`` of them).
-Each is timed against its *product floor* in the same form (``step_graphs``): the
+Each is timed against its *product floor* in the same form (``step_graphs``; the
+shortlist per row's: the output product cut to the always-words and a row's mean own words): the
 ratio step / floor is what the glue around the products costs. Engines take turns
 in blocks of ``--steps`` runs for ``--rounds`` rounds; reported: the median over
 rounds of each block's median. Then the encoder per text at ``--encoder-texts``
@@ -67,8 +68,10 @@ def step_row(engines: dict, served: onnx.ModelProto, texts: list[str], rows: int
     if "shortlist" in engines:
         feed_s, candidates = sg.step_feed(engines["shortlist"], batch, beam=beam)
         runs["shortlist step"] = sg.step_run(engines["shortlist"], feed_s, candidates)
-        if candidates.gathered:
-            runs["shortlist floor"] = sg.floor_run(served, rows, args.threads, rng, output_width=candidates.width)
+        if candidates.gathered or candidates.per_row:  # per row: the always-words and a row's mean own words
+            width = candidates.width if candidates.gathered else int(
+                candidates.always + candidates.feed["row_counts"].mean())
+            runs["shortlist floor"] = sg.floor_run(served, rows, args.threads, rng, output_width=width)
         row["candidates"] = candidates.width
     row.update(measure(runs, args.rounds, args.steps))
     return row
