@@ -15,8 +15,11 @@ log-softmax and the top-k run over the candidates, and ``topk_ids`` come back as
 vocabulary ids. A row is masked to its own text's candidates
 (``row_bias``: the output bias at its candidates, ``NEG_LARGE`` elsewhere), so a text is scored over the same pieces whatever it is
 batched with; only the rounding of its log-softmax normalizer can differ with the
-width of the batch's union (``--shortlist off`` keeps results bit-identical
-across batches).
+width of the batch's union.
+
+Where the fused step serves (the compiled kernels), the shortlist is served per
+row instead (``service.decoding.shortlist_rows``): no union, each row's own words,
+the same bits in any batch; the union's graphs here are its fallback.
 """
 
 from __future__ import annotations

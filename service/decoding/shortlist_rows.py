@@ -86,8 +86,8 @@ class RowShortlistStep(fused.FusedStep):
             self.keep(next_state, out[3])
         call, values, ids = self._layer(out[:3], feed)
         call()
-        out = {"next_state": next_state, "topk_log_probs": values, "topk_ids": ids, "attention": alpha}
-        return [out[n] for n in names]
+        result = {"next_state": next_state, "topk_log_probs": values, "topk_ids": ids, "attention": alpha}
+        return [result[n] for n in names]
 
 
 def candidates(texts: Sequence[np.ndarray], beams: Sequence[int], always: int = 0) -> Candidates:
