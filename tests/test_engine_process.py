@@ -146,12 +146,18 @@ def test_encoded_texts_cross_a_pickle_and_join_as_if_added(reversal_engine: Engi
 def test_the_server_process_encodes_and_the_child_when_it_cannot(process_server: ServerThread,
                                                                   reversal_engine: Engine, monkeypatch,
                                                                   caplog) -> None:
+    from service.scheduling import remote
+
     sched = child_of(process_server)
     assert sched._encodes  # the child took this process's int8 form ("": fp32 graphs)
     engine, calls = sched._engine, []
     encode = engine.encode
     monkeypatch.setattr(engine, "encode", lambda items: calls.append(len(items)) or encode(items))
     texts = ["4 4 1", "7 3 9 9 2", "5"] * 3  # more rows than an idle server decodes here (LOCAL_ROWS)
+    reply = process_server.api.Translate(pb.TranslateRequest(texts=texts), timeout=60)
+    assert [t.hypotheses[0].text for t in reply.translations] == best(reversal_engine, texts)
+    assert calls == []  # the child had fewer rows than ENCODE_HERE_ROWS: it encoded them
+    monkeypatch.setattr(remote, "ENCODE_HERE_ROWS", 0)  # from now on this process encodes whatever the child holds
     reply = process_server.api.Translate(pb.TranslateRequest(texts=texts), timeout=60)
     assert [t.hypotheses[0].text for t in reply.translations] == best(reversal_engine, texts)
     assert sum(calls) == len(texts)
