@@ -142,12 +142,17 @@ def shortlisted(reversal_repository: Path, reversal_corpus: Path, tmp_path_facto
     return repo
 
 
-def test_the_served_shortlist_scores_each_row_over_its_own_candidates(shortlisted: Path) -> None:
-    """The per-row step is the masked graph's answer (the whole vocabulary, other words masked) to
+def test_the_served_shortlist_scores_each_row_over_its_own_candidates(shortlisted: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """The per-row step is the union's answer (its graphs: the batch's words, each row masked to its own) to
     rounding, on a real batch of the served engine: the same tokens, log-probabilities within 1e-5."""
     engine = Engine(shortlisted, precision="int8", intra_op_threads=1, shortlist=ShortlistChoice.ON)
     runtime = engine.runtime
     assert runtime.shortlist_rows and runtime.attention_form == "fused"
+    assert set(runtime._step_sessions) == {"rows"}  # the union's sessions are not built beside it
+    monkeypatch.setattr(shortlist_rows, "load", lambda *a, **k: None)  # an engine serving the union
+    union_runtime = Engine(shortlisted, precision="int8", intra_op_threads=1, shortlist=ShortlistChoice.ON).runtime
+    assert not union_runtime.shortlist_rows
     batch = engine.new_batch()
     batch.add([((0, i), engine.prepare_text(t, DecodingOptions(beam_size=2), i)) for i, t in enumerate(TEXTS)])
     batch.step()
@@ -155,8 +160,8 @@ def test_the_served_shortlist_scores_each_row_over_its_own_candidates(shortliste
     assert rows.per_row and len(rows.feed["row_counts"]) == len(batch._state)
     texts = [np.union1d(runtime.shortlist.always, t.candidates) for t in batch._texts]
     union = shortlist.candidates(runtime.output_layer, texts, batch._beams, pad_id=engine.special.pad)
-    for fast in (rows, union):
-        out = runtime.step(batch._prev, batch._state, batch._context.device, 4, fast)
+    for fast, served in ((rows, runtime), (union, union_runtime)):
+        out = served.step(batch._prev, batch._state, batch._context.device, 4, fast)
         if fast is rows:
             got = out
         else:

@@ -89,10 +89,17 @@ class FusedStep:
             tail = with_next_product(middle, query)
         except ValueError:  # an output layer of another shape (a shortlist's): the rest graph does it
             bias = None
+        return cls.loaded(query, tail, v, load_graph, ctx_size, threads, box, like, bias=bias)
+
+    @classmethod
+    def loaded(cls, query: onnx.ModelProto, tail: onnx.ModelProto, v: np.ndarray, load_graph: Callable[[bytes], Any],
+               ctx_size: int, threads: int, box: list | None, like: FusedStep | None, **extra: Any) -> FusedStep:
+        """``cls`` of the cut graphs ``query`` and ``tail``, each loaded by ``load_graph`` (the query's
+        quiet), or ``like``'s query session where its query graph is the same; ``extra``: more arguments."""
         same = like is not None and like.graphs.get("query") == query
         query_session = like.query if same else load_graph(query.SerializeToString(), quiet=True)
-        return cls(query_session, load_graph(tail.SerializeToString()), v, ctx_size, bias=bias,
-                   load_graph=load_graph, threads=threads, graphs={"query": query, "tail": tail}, box=box)
+        return cls(query_session, load_graph(tail.SerializeToString()), v, ctx_size, load_graph=load_graph,
+                   threads=threads, graphs={"query": query, "tail": tail}, box=box, **extra)
 
     def like(self, step: onnx.ModelProto) -> FusedStep:
         """Another step graph of the same model (a shortlist's) in the fused form, loaded alike."""

@@ -68,11 +68,12 @@ static inline __attribute__((unused)) int any(vi mask) {
     return all != 0;
 }
 
-/* x (id v) into the k best so far (best[0] the largest), when above the k-th */
+/* x (id v) into the k best so far (best[0] the largest), in whatever order they come: ties to the lower id
+ * (ONNX Runtime's TopK) */
 static inline __attribute__((unused)) void offer(float *best, int64_t *ids, int64_t *have, int64_t k, float x, int64_t v) {
-    if (*have == k && !(x > best[k - 1])) return;
+    if (*have == k && !(x > best[k - 1] || (x == best[k - 1] && v < ids[k - 1]))) return;
     int64_t i = *have < k ? (*have)++ : k - 1;
-    while (i > 0 && x > best[i - 1]) {
+    while (i > 0 && (x > best[i - 1] || (x == best[i - 1] && v < ids[i - 1]))) {
         best[i] = best[i - 1];
         ids[i] = ids[i - 1];
         i--;

@@ -170,11 +170,11 @@ class Runtime:
         except ValueError as e:
             raise ModelRepositoryError(f"{path}: no shortlist for this graph ({e})") from None
         if self._fused is not None:  # the same cut as the checked step's (ValueError: a bug, not a model's fault)
-            self._step_sessions = {True: self._fused.like(gathered), False: self._fused.like(masked)}
-            rows = shortlist_rows.load(step, self._fused, self._step_sessions[False], self.output_layer,
-                                       shortlist.always, self._step_feed())
-            if rows is not None:  # each row over its own candidates (the union's sessions stay for benchmarks)
-                self._step_sessions["rows"] = rows
+            masked_step = self._fused.like(masked)  # the per-row step's reference, and the union's fallback
+            rows = shortlist_rows.load(step, self._fused, masked_step, self.output_layer, shortlist.always,
+                                       self._step_feed())
+            self._step_sessions = ({"rows": rows} if rows is not None else
+                                   {True: self._fused.like(gathered), False: masked_step})
             return
         inputs = packed.step_inputs(DECODER_INPUTS) if self.packed else DECODER_INPUTS
         self._step_sessions = {

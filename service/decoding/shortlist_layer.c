@@ -56,8 +56,6 @@ VNNI static void dots_vnni(int64_t O4, const int32_t *a, const int32_t *w, const
                            int64_t n, int32_t *acc) {
     for (int64_t j0 = 0; j0 < n; j0 += 16) {
         int64_t m = n - j0 < 16 ? n - j0 : 16;
-        for (int64_t j = j0 + 16; j < j0 + 32 && j < n; j++) /* the next 16 candidates' weights, on their way */
-            for (int64_t line = 0; line < O4; line += 16) _mm_prefetch((const char *)(w + (int64_t)cand[j] * O4 + line), _MM_HINT_T0);
         __m512i s[16];
         const int32_t *wc[16];
         for (int j = 0; j < 16; j++) { /* past the last candidate: the first again, its sums unused */
@@ -119,19 +117,6 @@ static void dots_plain(int64_t O, const uint8_t *a, const int8_t *w, const int32
     }
 }
 
-/* x (id v) into the k best so far (best[0] the largest), in whatever order they come: ties to the lower id */
-static inline void offer_by_id(float *best, int64_t *ids, int64_t *have, int64_t k, float x, int64_t v) {
-    if (*have == k && !(x > best[k - 1] || (x == best[k - 1] && v < ids[k - 1]))) return;
-    int64_t i = *have < k ? (*have)++ : k - 1;
-    while (i > 0 && (x > best[i - 1] || (x == best[i - 1] && v < ids[i - 1]))) {
-        best[i] = best[i - 1];
-        ids[i] = ids[i - 1];
-        i--;
-    }
-    best[i] = x;
-    ids[i] = v;
-}
-
 /* x[j] = the logit of word id[j] (from raw, its product; or from acc, its integer sum); returns the largest */
 static inline __attribute__((always_inline)) float logits(const float *raw, const int32_t *acc, const int32_t *id,
                                                           int64_t n, float s, const Layer *p, float *x) {
@@ -171,13 +156,13 @@ static inline __attribute__((always_inline)) float sum_and_top(const float *x, c
         memcpy(&v, x + j0, sizeof v);
         sums += exp_v(v - m);
         if (any(v >= (*have == k ? best[k - 1] : -INFINITY)))
-            for (int l = 0; l < LANES; l++) offer_by_id(best, ids, have, k, x[j0 + l], id[j0 + l]);
+            for (int l = 0; l < LANES; l++) offer(best, ids, have, k, x[j0 + l], id[j0 + l]);
     }
     float sum = hsum(sums);
     for (int64_t j = body; j < n; j++) {
         vf e = exp_v(splat(x[j] - m));
         sum += e[0];
-        offer_by_id(best, ids, have, k, x[j], id[j]);
+        offer(best, ids, have, k, x[j], id[j]);
     }
     return sum;
 }

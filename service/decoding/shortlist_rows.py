@@ -49,12 +49,9 @@ class RowShortlistStep(fused.FusedStep):
         query, tail, v = split_step(step)
         middle, layer = split_output(tail, at_product=True)
         assert like._load is not None
-        query_session = like.query if like.graphs.get("query") == query else like._load(query.SerializeToString(),
-                                                                                         quiet=True)
         tail = with_next_product(layer.with_product(middle, always, ALWAYS), query)
-        return cls(query_session, like._load(tail.SerializeToString()), v, like.ctx_size, bias=layer.bias,
-                   load_graph=like._load, threads=like.threads, graphs={"query": query, "tail": tail},
-                   box=like._box, layer=layer, always=always)
+        return cls.loaded(query, tail, v, like._load, like.ctx_size, like.threads, like._box, like, bias=layer.bias,
+                          layer=layer, always=always)
 
     def _layer(self, out: Sequence[np.ndarray], feed: Mapping[str, np.ndarray]
                ) -> tuple[Callable[[], None], np.ndarray, np.ndarray]:
