@@ -196,3 +196,20 @@ def test_stream_sends_growing_prefixes_then_the_translations() -> None:
     assert events[:-1] == [Partial(("a", "t1")), Partial(("aa", "t1"))]
     assert isinstance(events[-1], Final)
     assert [t.hypotheses[0].text for t in events[-1].translations] == ["t3", "t1"]
+
+
+@pytest.mark.parametrize("kind", ["in process", "engine process"])
+def test_a_close_just_before_the_cycle_clears_the_wake_still_wakes_the_thread(kind: str) -> None:
+    """``close`` sets ``_closing`` then the wake event; an engine thread (or the engine process's driver)
+    that had checked ``_closing`` just before cannot clear that wake away in ``_next_cycle`` and then wait
+    for ever (a full test run hung at exit on it: the driver waiting, close joining it)."""
+    if kind == "in process":
+        scheduler = Scheduler(FakeEngine(), config(), metrics=Metrics())
+    else:
+        from service.scheduling.remote import ProcessScheduler
+        scheduler = ProcessScheduler(FakeEngine(), config(), metrics=Metrics())
+    scheduler._closing = True  # what close does, between the thread's check of it and its cycle
+    scheduler._wake.set()
+    with scheduler._lock:
+        scheduler._next_cycle()
+    assert scheduler._wake.wait(0)  # the thread's wait returns at once, and its loop sees _closing

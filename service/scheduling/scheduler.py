@@ -13,8 +13,7 @@ Shaped as handle + pure state + one engine thread (the shape of text-generation-
 The unit of a decoder step is a row; a text owns ``beam_size`` rows. Between two steps, queued texts join
 (``DecodeBatch.add``) and finished texts are answered at once. Texts queue for at most ``max_wait`` (unless they
 fill the free rows) so that arrivals share one encoder run. With ``step_level=False`` (request-level batching,
-the benchmark baseline) a new batch only starts once the running one is empty.
-"""
+the benchmark baseline) a new batch only starts once the running one is empty."""
 
 from __future__ import annotations
 
@@ -62,8 +61,7 @@ class Scheduler:
         self._engine, self._metrics, self._clock = engine, metrics, clock
         self.state = SchedulerState(config)
         self._lock = threading.Lock()  # guards state: the loop submits and cancels, the engine thread takes
-        self._wake = threading.Event()  # something for an idle engine thread: arrival, cancel, close
-        self._closing = False
+        self._wake, self._closing = threading.Event(), False  # something for an idle engine thread: arrival, cancel, close
         self._requests: dict[int, _Request] = {}  # event-loop thread only
         self._ids = itertools.count()
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -187,6 +185,8 @@ class Scheduler:
     def _next_cycle(self) -> tuple[float, Cycle]:  # holding the lock
         """Now, and the next cycle; requests whose deadline passed are cancelled and failed."""
         self._wake.clear()  # a submit or cancel after this sets it again
+        if self._closing:  # a close before the clear (its set erased): the thread must not wait past it
+            self._wake.set()
         now = self._clock()
         if expired := self.state.expired(now):
             for request_id in expired:
