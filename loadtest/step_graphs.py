@@ -12,6 +12,7 @@ floor has the output product at the union's width.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from typing import Callable
@@ -56,7 +57,11 @@ def step_feed(engine: Engine, texts: list[str], *, beam: int) -> tuple[dict, obj
     batch = engine.new_batch()
     batch.add([((0, i), engine.prepare_text(t, DecodingOptions(beam_size=beam), i)) for i, t in enumerate(texts)])
     state = engine.runtime.host_state(batch._state)
-    feed = _step_feed(batch._prev, state, batch._context.device, TOP_K)
+    context = batch._context.device
+    if context.slots is not None:  # a slotted store (``layout.SlottedContext``): the rows in order, as graphs take them
+        context = dataclasses.replace(context, annotations=context.annotations[context.slots],
+                                      keys=context.keys[context.slots], slots=None)
+    feed = _step_feed(batch._prev, state, context, TOP_K)
     return feed, batch._candidates
 
 

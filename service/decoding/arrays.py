@@ -8,6 +8,10 @@ from typing import Any
 
 import numpy as np
 
+SLOTS = "slots"
+"""The step feed's entry (not a graph input) giving, with a slotted context, where each row's keys and
+annotations lie (``Context.slots``; read by the fused attention, ``service.decoding.fused``)."""
+
 
 @dataclass(frozen=True)
 class EncoderOutput:
@@ -32,3 +36,4 @@ class Context:
     keys: Any  # (rows, src_len, key_size)
     src_mask: Any  # (rows, src_len) bool
     packed: dict[str, np.ndarray] | None = None  # the packed attention's indices (``service.decoding.packed``)
+    slots: np.ndarray | None = None  # (rows,) each row's place in annotations and keys (None: row r at r)

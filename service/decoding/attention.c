@@ -8,6 +8,10 @@
  * tanh, v), score the padding, and read every padded annotation; this reads each real key and
  * annotation once (service/decoding/fused.py; measured in docs/speed-round2.md).
  *
+ * With `slots`, row r reads its keys and annotations at slot slots[r] of arrays that hold a batch's rows
+ * wherever they were written (service/decoding/layout.py: rows that leave free their slot, rows that
+ * join take free ones, and no row is copied to keep the others contiguous).
+ *
  * Each row is computed on its own, in the same order whatever the batch: the results of a row do not
  * depend on the other rows (batch invariance, tests/test_fused_attention.py). tanh is computed as
  * (1 - e) / (1 + e) with e = exp(-2|x|) (Cody-Waite reduction, degree-7 Taylor polynomial: absolute
@@ -23,14 +27,15 @@
 CLONES
 static void attend_rows(int64_t first, int64_t last, int64_t src_len, int64_t A, int64_t C, const float *query,
                         int64_t query_stride, const float *keys, const float *annotations, const int64_t *lengths,
-                        const float *v, float *alpha, float *context) {
+                        const int64_t *slots, const float *v, float *alpha, float *context) {
     for (int64_t r = first; r < last; r++) {
         const float *q = query + r * query_stride;
+        int64_t s = slots ? slots[r] : r; /* the row's place in keys and annotations */
         float *a = alpha + r * src_len;
         int64_t L = lengths[r] < src_len ? lengths[r] : src_len;
         float best = -INFINITY;
         for (int64_t j = 0; j < L; j++) {
-            const float *k = keys + (r * src_len + j) * A;
+            const float *k = keys + (s * src_len + j) * A;
             vf acc = splat(0.0f);
             for (int64_t d0 = 0; d0 < A; d0 += LANES) {
                 vf qv, kv, vv;
@@ -52,7 +57,7 @@ static void attend_rows(int64_t first, int64_t last, int64_t src_len, int64_t A,
         float *c = context + r * C;
         for (int64_t i = 0; i < C; i++) c[i] = 0.0f;
         for (int64_t j = 0; j < L; j++) {
-            const float *h = annotations + (r * src_len + j) * C;
+            const float *h = annotations + (s * src_len + j) * C;
             float w = a[j];
             for (int64_t i = 0; i < C; i++) c[i] += w * h[i];
         }
@@ -62,14 +67,14 @@ static void attend_rows(int64_t first, int64_t last, int64_t src_len, int64_t A,
 typedef struct {
     int64_t src_len, A, C, query_stride;
     const float *query, *keys, *annotations, *v;
-    const int64_t *lengths;
+    const int64_t *lengths, *slots;
     float *alpha, *context;
 } Attention;
 
 static void attend_part(const void *ctx, int64_t first, int64_t last) {
     const Attention *p = ctx;
     attend_rows(first, last, p->src_len, p->A, p->C, p->query, p->query_stride, p->keys, p->annotations,
-                p->lengths, p->v, p->alpha, p->context);
+                p->lengths, p->slots, p->v, p->alpha, p->context);
 }
 
 #define MAX_THREADS 16
@@ -138,28 +143,38 @@ int get_buffer(PyObject *obj, Py_buffer *view, int ndim, char fmt, int writable,
 
 static PyObject *py_attend(PyObject *self, PyObject *args) {
     (void)self;
-    PyObject *o[7];
-    static const char *names[7] = {"product", "keys", "annotations", "lengths", "v", "alpha", "context"};
-    static const int ndims[7] = {2, 3, 3, 1, 1, 2, 2};
-    static const char fmts[7] = {'f', 'f', 'f', 'q', 'f', 'f', 'f'};
+    PyObject *o[8] = {NULL};
+    static const char *names[8] = {"product", "keys", "annotations", "lengths", "v", "alpha", "context", "slots"};
+    static const int ndims[8] = {2, 3, 3, 1, 1, 2, 2, 1};
+    static const char fmts[8] = {'f', 'f', 'f', 'q', 'f', 'f', 'f', 'q'};
     int threads = 1;
-    if (!PyArg_ParseTuple(args, "OOOOOOO|i", &o[0], &o[1], &o[2], &o[3], &o[4], &o[5], &o[6], &threads)) return NULL;
-    Py_buffer b[7];
+    if (!PyArg_ParseTuple(args, "OOOOOOO|iO", &o[0], &o[1], &o[2], &o[3], &o[4], &o[5], &o[6], &threads, &o[7]))
+        return NULL;
+    int wanted = o[7] != NULL && o[7] != Py_None ? 8 : 7;
+    Py_buffer b[8];
     int got = 0;
-    for (; got < 7; got++)
-        if (get_buffer(o[got], &b[got], ndims[got], fmts[got], got >= 5, names[got]) < 0) break;
+    for (; got < wanted; got++)
+        if (get_buffer(o[got], &b[got], ndims[got], fmts[got], got == 5 || got == 6, names[got]) < 0) break;
     PyObject *result = NULL;
-    if (got == 7) {
+    if (got == wanted) {
         Py_ssize_t rows = b[3].shape[0], src_len = b[1].shape[1], A = b[4].shape[0], C = b[2].shape[2];
-        if (b[0].shape[0] != rows || b[0].shape[1] < A || b[1].shape[0] != rows || b[1].shape[2] != A ||
-            b[2].shape[0] != rows || b[2].shape[1] != src_len || b[5].shape[0] != rows ||
-            b[5].shape[1] != src_len || b[6].shape[0] != rows || b[6].shape[1] != C || A % LANES != 0) {
+        Py_ssize_t places = b[1].shape[0]; /* rows, or the slots rows are read from */
+        const int64_t *slots = wanted == 8 ? b[7].buf : NULL;
+        int bad_slot = 0;
+        if (slots) {
+            bad_slot = b[7].shape[0] != rows;
+            for (Py_ssize_t r = 0; r < rows && !bad_slot; r++) bad_slot = slots[r] < 0 || slots[r] >= places;
+        }
+        if (b[0].shape[0] != rows || b[0].shape[1] < A || (slots ? 0 : places != rows) || b[1].shape[2] != A ||
+            b[2].shape[0] != places || b[2].shape[1] != src_len || b[5].shape[0] != rows ||
+            b[5].shape[1] != src_len || b[6].shape[0] != rows || b[6].shape[1] != C || A % LANES != 0 || bad_slot) {
             PyErr_SetString(PyExc_ValueError, "attend: shapes do not agree (product (rows, >= A), keys (rows, "
                             "src_len, A), annotations (rows, src_len, C), lengths (rows,), v (A,) with A a "
-                            "multiple of 16, alpha (rows, src_len), context (rows, C))");
+                            "multiple of 16, alpha (rows, src_len), context (rows, C); with slots (rows,), keys "
+                            "and annotations (places, ...) and every slot in [0, places))");
         } else {
             Attention job = {src_len, A, C, b[0].shape[1], b[0].buf, b[1].buf, b[2].buf, b[4].buf, b[3].buf,
-                             b[5].buf, b[6].buf};
+                             slots, b[5].buf, b[6].buf};
             Py_BEGIN_ALLOW_THREADS
             run_rows(attend_part, &job, rows, b[3].buf, src_len, threads);
             Py_END_ALLOW_THREADS
@@ -172,9 +187,10 @@ static PyObject *py_attend(PyObject *self, PyObject *args) {
 
 static PyMethodDef methods[] = {
     {"attend", py_attend, METH_VARARGS,
-     "attend(product, keys, annotations, lengths, v, alpha, context, threads=1): the step's additive "
+     "attend(product, keys, annotations, lengths, v, alpha, context, threads=1, slots=None): the step's additive "
      "attention, written into alpha (rows, src_len) and context (rows, C); the query is product[:, :A]. "
-     "threads > 1: rows split between that many threads (at least 8 rows each); same results."},
+     "threads > 1: rows split between that many threads (at least 8 rows each); same results. slots (rows,): "
+     "row r reads keys[slots[r]] and annotations[slots[r]] (arrays of any number of places)."},
     {"gru_encode", py_gru_encode, METH_VARARGS,
      "gru_encode(table, ids, lengths, weights, weights8, colsum, wscale, rbn, out, threads=1, form=-1): the encoder's "
      "bidirectional GRU with an int8 recurrence (service/decoding/encoder.c) into out (B, T, 2H); form: the "

@@ -83,7 +83,7 @@ class Batch:
         self._prev = layout.NO_ROWS  # (rows,) the tokens the next step reads
         self._scores = np.zeros(0, dtype=np.float64)  # (rows,) running scores
         self._state: Any = None  # (rows, state_size), where the provider keeps it
-        self._context = layout.RowContext(runtime)
+        self._context = layout.row_context(runtime)
         self._history = History()
         self._attention = 0  # texts that keep attention
         self._layout: tuple[np.ndarray, list] = (np.zeros(1, dtype=np.int64), [])  # see _new_layout
@@ -97,7 +97,10 @@ class Batch:
 
     @property
     def padded_tokens(self) -> tuple[int, int]:
-        return int(self._beams @ self._lengths), self.live_rows * self._context.columns
+        columns = self._context.columns  # a slotted store's extra columns cost a step nothing: the batch's width
+        if isinstance(self._context, layout.SlottedContext) and self._texts:
+            columns = layout.width(int(self._lengths.max()))
+        return int(self._beams @ self._lengths), self.live_rows * columns
 
     def add(self, items: Sequence[tuple[Key, Prepared]]) -> None:
         """Encode the texts (one encoder run per group of similar lengths, ``layout.encoder_runs``)

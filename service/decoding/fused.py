@@ -34,6 +34,7 @@ from typing import Any, Callable, Mapping, Sequence, TypeVar
 import numpy as np
 import onnx
 
+from service.decoding.arrays import SLOTS
 from service.decoding.fused_graphs import (CONTEXT, NEXT_PRODUCT, PRODUCT, RAW, SCALE, split_output,  # noqa: F401
                                            split_step, with_next_product)
 
@@ -128,8 +129,9 @@ class FusedStep:
         keys, annotations = np.ascontiguousarray(feed["keys"]), np.ascontiguousarray(feed["annotations"])
         lengths = mask.sum(axis=1, dtype=np.int64)
         values = {**feed, PRODUCT: product, CONTEXT: context}
-        return (lambda: _attention.attend(product, keys, annotations, lengths, self.v, alpha, context, self.threads),
-                alpha, {n: values[n] for n in self._tail_inputs})
+        slots = () if feed.get(SLOTS) is None else (feed[SLOTS],)  # rows where they lie (``layout.SlottedContext``)
+        return (lambda: _attention.attend(product, keys, annotations, lengths, self.v, alpha, context, self.threads,
+                                          *slots), alpha, {n: values[n] for n in self._tail_inputs})
 
     @staticmethod
     def _top(raw: np.ndarray, k: int, log_probs: bool) -> tuple[np.ndarray, ...]:

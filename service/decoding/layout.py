@@ -4,7 +4,9 @@ A text owns ``beam_size`` contiguous rows (a block). The context is the costly
 part to move (rows x src_len x 1,024 floats), so a text that leaves is
 replaced in place by a text from the end of the batch (``compact_order``), the
 other rows stay where they are, and the arrays keep room after the live rows
-for texts that join.
+for texts that join. Where the step is the fused attention (the int8 CPU
+default), which reads each row where it lies, rows do not move at all
+(``SlottedContext``).
 """
 
 from __future__ import annotations
@@ -12,6 +14,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
+
+from service.decoding.arrays import Context
 
 if TYPE_CHECKING:  # runtime imports packed, which imports this module
     from service.decoding.runtime import Runtime
@@ -21,6 +25,7 @@ PAD_COLUMNS = 1  # masked source columns every row gets (see ``width``)
 WIDTH_MULTIPLE = 4  # every src_len the decoder step sees is a multiple of this (see ``width``)
 WIDTH_SLACK = 1.25  # keep up to 25% unneeded columns rather than copy the context to trim them
 MAX_MOVED_SHARE = 0.5  # above this share of rows moving, build a fresh context instead
+SLOTTED_WIDTH_SLACK = 2  # a slotted store (``SlottedContext``) keeps up to twice the columns its rows need
 GROWTH, MIN_CAPACITY = 2, 16  # a new context allocation has room for this many times its rows
 # An encoder run's fixed cost, in padded source tokens: en-fr/3's int8 encoder, 2 threads, AMD Zen 3
 # (AVX2), costs about 0.39 ms a run plus 23 us per padded token (rows x the run's longest source)
@@ -174,3 +179,80 @@ class RowContext:
     def _publish(self, arrays: tuple[np.ndarray, ...]) -> None:
         self.arrays = arrays
         self.device = self._runtime.context(*arrays)
+
+
+def row_context(runtime: Runtime) -> RowContext | SlottedContext:
+    """The context store for a batch on ``runtime``: slotted where its steps read rows where they lie."""
+    return SlottedContext(runtime) if getattr(runtime, "attention_form", "") == "fused" else RowContext(runtime)
+
+
+class SlottedContext:
+    """``RowContext`` for a step that reads row r's annotations and keys at ``slots[r]`` (the fused
+    attention): each row's stay in the slot they were written to. A text that leaves frees its rows'
+    slots and texts that join take free ones, so no row is copied for the others' sake (``RowContext``
+    moves rows into the leavers' places, and copies every row to trim the width or make room); only the
+    mask (rows, columns) is kept in row order. A wider source, a full store, or a store more than
+    ``SLOTTED_WIDTH_SLACK`` times as wide as its rows need (memory: a row costs a step its own columns
+    only) moves the live rows to a new store, with room for ``GROWTH`` times as many. A slot's columns
+    past its row's source are never read: a new store is not zeroed."""
+
+    def __init__(self, runtime: Runtime) -> None:
+        self._runtime = runtime
+        self.arrays: tuple[np.ndarray, ...] = ()  # annotations, keys: (places, src_len, ...); mask: (rows, src_len)
+        self.slots = NO_ROWS  # (rows,) each live row's place
+        self._free: list[int] = []  # free places, the lowest last
+        self.device: Any = None
+
+    @property
+    def columns(self) -> int:
+        return self.arrays[2].shape[1] if self.arrays else 0
+
+    def clear(self) -> None:
+        self.arrays, self.slots, self._free, self.device = (), NO_ROWS, [], None
+
+    def append(self, parts: Sequence[tuple[np.ndarray, ...]], columns: int) -> None:
+        """Add rows after the live rows: ``parts``, each (annotations, keys, mask) of (part_rows,
+        src_len, ...), the mask padded (False) to ``columns``."""
+        rows = sum(len(part[0]) for part in parts)
+        if not self.arrays or columns > self.columns or rows > len(self._free):
+            self._store(max(columns, self.columns), max((len(self.slots) + rows) * GROWTH, MIN_CAPACITY), parts[0])
+        taken = np.array([self._free.pop() for _ in range(rows)], dtype=np.int64)
+        masks, start = [self.arrays[2]], 0
+        for annotations, keys, mask in parts:
+            places, width = taken[start:start + len(annotations)], annotations.shape[1]
+            self.arrays[0][places, :width], self.arrays[1][places, :width] = annotations, keys
+            masks.append(np.zeros((len(mask), self.columns), dtype=bool))
+            masks[-1][:, :width] = mask
+            start += len(annotations)
+        self.slots = np.concatenate([self.slots, taken])
+        self._publish(np.concatenate(masks))
+
+    def gather(self, row_index: np.ndarray, columns: int) -> None:
+        """Keep rows ``row_index`` (rows only leave here): their slots stay, the others are freed."""
+        kept = self.slots[row_index]
+        alive = np.zeros(len(self.arrays[0]), dtype=bool)
+        alive[kept] = True
+        self._free.extend(self.slots[~alive[self.slots]].tolist())
+        self.slots = kept
+        self.arrays = (*self.arrays[:2], self.arrays[2][row_index])
+        if columns * SLOTTED_WIDTH_SLACK < self.columns:
+            self._store(columns, max(len(kept) * GROWTH, MIN_CAPACITY), self.arrays)
+        self._publish(self.arrays[2])
+
+    def _store(self, columns: int, places: int, like: Sequence[np.ndarray]) -> None:
+        """A new store of ``places`` slots of ``columns`` (trailing sizes and types of ``like``'s
+        annotations and keys), the live rows copied to its first slots."""
+        live = len(self.slots)
+        store = tuple(np.empty((places, columns, *a.shape[2:]), dtype=a.dtype) for a in like[:2])
+        mask = np.zeros((live, columns), dtype=bool)
+        if self.arrays:
+            width = min(columns, self.columns)
+            for target, old in zip(store, self.arrays[:2]):
+                target[:live, :width] = old[self.slots, :width]
+            mask[:, :width] = self.arrays[2][:, :width]
+        self.arrays, self.slots = (*store, mask), np.arange(live, dtype=np.int64)
+        self._free = list(range(places - 1, live - 1, -1))
+
+    def _publish(self, mask: np.ndarray) -> None:
+        self.arrays = (*self.arrays[:2], mask)
+        self.device = Context(*self.arrays, slots=self.slots)  # the fused attention's: on the CPU, as it is

@@ -18,7 +18,7 @@ import onnx
 import onnxruntime as ort
 
 from service.decoding import fused, int8_form, packed, shortlist_rows
-from service.decoding.arrays import Context, EncoderOutput, StepOutput  # noqa: F401 (their home before)
+from service.decoding.arrays import SLOTS, Context, EncoderOutput, StepOutput  # noqa: F401 (their home before)
 from service.decoding.fused_encoder import load as fused_encoder_load
 from service.decoding.int8_form import FormChoice, Int8Form
 from service.decoding.shortlist import INPUTS as SHORTLIST_TYPES
@@ -291,8 +291,8 @@ def _runner(session: ort.InferenceSession) -> Callable[[dict], list[np.ndarray]]
 
 
 def _step_feed(prev_tokens: np.ndarray, state: Any, context: Context, k: int) -> dict[str, Any]:
-    feed = {"prev_tokens": prev_tokens, "state": state, "annotations": context.annotations,
-            "keys": context.keys, "k": np.array(k, dtype=np.int64)}
+    feed = {"prev_tokens": prev_tokens, "state": state, "annotations": context.annotations, "keys": context.keys,
+            "k": np.array(k, dtype=np.int64), **({} if context.slots is None else {SLOTS: context.slots})}
     return {**feed, "src_mask": context.src_mask} if context.packed is None else {**feed, **context.packed}
 
 
