@@ -82,8 +82,8 @@ async def saturate(address: str, texts: list[str], *, per_call: int, clients: in
             "texts": done, "target_tokens": tokens, "source_tokens": sources, "seconds": seconds, "cores": cores}
 
 
-def tree_cpu_seconds(pid: int) -> float:
-    """CPU seconds of process ``pid`` and its live descendants (an engine process included)."""
+def descendants(pid: int) -> list[int]:
+    """The live descendants of process ``pid`` (an engine process, multiprocessing's tracker)."""
     parents = {}
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
@@ -94,7 +94,12 @@ def tree_cpu_seconds(pid: int) -> float:
     while grown:
         more = {p for p, parent in parents.items() if parent in tree} - tree
         tree, grown = tree | more, bool(more)
-    return sum(cpu_seconds(p) for p in tree)
+    return sorted(tree - {pid})
+
+
+def tree_cpu_seconds(pid: int) -> float:
+    """CPU seconds of process ``pid`` and its live descendants (an engine process included)."""
+    return sum(cpu_seconds(p) for p in (pid, *descendants(pid)))
 
 
 def each_shape(address: str, texts: list[str], *, clients: int, duration: float, seed: int,
