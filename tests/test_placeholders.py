@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from service.text import placeholders as ph
 
@@ -71,3 +73,18 @@ def test_the_engine_keeps_characters_it_has_no_piece_for(reversal_engine) -> Non
     assert "｟0｠" in translation.source_tokens and "<unk>" not in translation.source_tokens
     text = translation.hypotheses[0].text
     assert "😀" in text and "👍🏽" in text
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.lists(st.text(alphabet="12 3\t\n%s{}<b>😀👍🏽é☃abc", max_size=20), min_size=1, max_size=4))
+def test_the_tokenizer_looks_for_unknown_characters_unless_it_knows_them_all(reversal_engine, texts) -> None:
+    """``Tokenizer.encode`` skips the per-character scan for texts of characters it has seen read by
+    the model: the same ids, pieces and placeholders as protecting with the scan every time."""
+    tok = reversal_engine.tokenizer
+    for text in texts + texts:  # the second time round, its characters are known
+        protected = ph.protect(text, tok.unknown)
+        got = tok.encode(text)
+        assert got.ids == tok.source.encode(protected.text) + [tok.special.eos]
+        assert got.placeholders == protected.placeholders
+        assert got.pieces == [tok.source.id_to_piece(i) for i in got.ids]
+        assert tok.target_pieces(got.ids) == [tok.target.id_to_piece(i) for i in got.ids]

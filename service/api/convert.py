@@ -14,13 +14,14 @@ from service.models.manifest import Manifest
 from service.options import DecodingOptions
 from service.proto.nmt.v1 import translation_pb2 as pb
 
-OPTION_FIELDS = tuple(f.name for f in dataclasses.fields(DecodingOptions))
+OPTION_FIELDS = frozenset(f.name for f in dataclasses.fields(DecodingOptions))
+DEFAULT_OPTIONS = DecodingOptions()  # frozen: shared by every request that sets none
 
 
 def options(message: pb.DecodingOptions) -> DecodingOptions:
     """Set fields override the defaults; unset ones (``optional``) keep them."""
-    given = {name: getattr(message, name) for name in OPTION_FIELDS if message.HasField(name)}
-    return dataclasses.replace(DecodingOptions(), **given)
+    given = {field.name: value for field, value in message.ListFields() if field.name in OPTION_FIELDS}
+    return dataclasses.replace(DEFAULT_OPTIONS, **given) if given else DEFAULT_OPTIONS
 
 
 def hypothesis(h: Hypothesis) -> pb.Hypothesis:
@@ -59,7 +60,7 @@ def model_info(manifest: Manifest, *, precision: str, provider: str, is_default:
     if isinstance(languages, dict):
         languages = [languages.get("source", ""), languages.get("target", "")]
     source, target = manifest.languages
-    return pb.ModelInfo(source_language=source, target_language=target,name=manifest.name, version=manifest.version, sha256=manifest.sha256,
+    return pb.ModelInfo(source_language=source, target_language=target, name=manifest.name, version=manifest.version, sha256=manifest.sha256,
                         precision=precision, provider=provider, languages=[str(x) for x in languages],
                         quality=flatten_numbers(manifest.raw.get("quality") or {}),
                         is_default=is_default, attention=manifest.attention, int8_form=int8_form,

@@ -36,6 +36,10 @@ class Tokenizer:
         self.target = _load(target_model, special)
         # per character, bounded: a client sending every code point must not grow it without end
         self.unknown = functools.lru_cache(maxsize=UNKNOWN_CACHE)(self._unknown)
+        self._known: set[str] = set()  # characters seen that the source model reads (at most UNKNOWN_CACHE)
+        # each id's piece, looked up in a list (SentencePiece's id_to_piece is a call per id)
+        self._source_pieces = [self.source.id_to_piece(i) for i in range(self.source.get_piece_size())]
+        self._target_pieces = [self.target.id_to_piece(i) for i in range(self.target.get_piece_size())]
 
     def _unknown(self, ch: str) -> bool:
         """Whether the source model can only read ``ch`` as ``<unk>`` (after its normalization:
@@ -43,10 +47,19 @@ class Tokenizer:
         return self.special.unk in self.source.encode(ch)
 
     def encode(self, text: str) -> Encoded:
-        protected = placeholders.protect(text, self.unknown)
+        protected = placeholders.protect(text, self.unknown if self._unseen(text) else None)
         ids = self.source.encode(protected.text) + [self.special.eos]
-        return Encoded(ids=ids, pieces=[self.source.id_to_piece(i) for i in ids],
-                       placeholders=protected.placeholders)
+        return Encoded(ids=ids, pieces=[self._source_pieces[i] for i in ids], placeholders=protected.placeholders)
+
+    def _unseen(self, text: str) -> bool:
+        """Whether ``text`` has a character not yet known to be read by the source model (then
+        ``protect`` looks for runs of unknown ones; a text of known characters has none)."""
+        chars = set(text)
+        if chars <= self._known:
+            return False
+        if len(self._known) < UNKNOWN_CACHE:
+            self._known.update(ch for ch in chars if ch.isspace() or not self.unknown(ch))
+        return True
 
     def encode_target(self, text: str) -> list[int]:
         """Target ids of an already protected text (training), EOS last."""
@@ -58,7 +71,7 @@ class Tokenizer:
         return placeholders.restore(self.target.decode(ids), placeholder_values, complete=complete)
 
     def target_pieces(self, ids: list[int]) -> list[str]:
-        return [self.target.id_to_piece(i) for i in ids]
+        return [self._target_pieces[i] for i in ids]
 
 
 def _load(path: Path, special: SpecialIds) -> spm.SentencePieceProcessor:
