@@ -59,8 +59,10 @@ def group_of(pid: int, process: int, tid: int, name: str) -> str:
         return "engine process"
     if tid == pid:
         return "event loop"
-    if name in (DRIVER_THREAD, ENGINE_THREAD):
-        return "driver thread" if name == DRIVER_THREAD else "engine thread"
+    if name == DRIVER_THREAD:
+        return "driver thread"
+    if name == ENGINE_THREAD:
+        return "engine thread"
     return "gRPC core threads" if name.startswith(GRPC_CORE_THREADS) else "other threads"
 
 

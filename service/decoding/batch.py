@@ -97,9 +97,9 @@ class Batch:
 
     @property
     def padded_tokens(self) -> tuple[int, int]:
-        columns = self._context.columns  # a slotted store's extra columns cost a step nothing: the batch's width
-        if isinstance(self._context, layout.SlottedContext) and self._texts:
-            columns = layout.width(int(self._lengths.max()))
+        """(real, padded) source tokens of the live rows, padded to the batch's width (``layout.width``;
+        a context may keep more columns, which no step computes with the fused attention)."""
+        columns = layout.width(int(self._lengths.max())) if self._texts else 0
         return int(self._beams @ self._lengths), self.live_rows * columns
 
     def add(self, items: Sequence[tuple[Key, Prepared]]) -> None:

@@ -229,14 +229,13 @@ class SlottedContext:
 
     def gather(self, row_index: np.ndarray, columns: int) -> None:
         """Keep rows ``row_index`` (rows only leave here): their slots stay, the others are freed."""
-        kept = self.slots[row_index]
-        alive = np.zeros(len(self.arrays[0]), dtype=bool)
-        alive[kept] = True
-        self._free.extend(self.slots[~alive[self.slots]].tolist())
-        self.slots = kept
+        leaving = np.ones(len(self.slots), dtype=bool)
+        leaving[row_index] = False
+        self._free.extend(self.slots[leaving].tolist())
+        self.slots = self.slots[row_index]
         self.arrays = (*self.arrays[:2], self.arrays[2][row_index])
         if columns * SLOTTED_WIDTH_SLACK < self.columns:
-            self._store(columns, max(len(kept) * GROWTH, MIN_CAPACITY), self.arrays)
+            self._store(columns, max(len(self.slots) * GROWTH, MIN_CAPACITY), self.arrays)
         self._publish(self.arrays[2])
 
     def _store(self, columns: int, places: int, like: Sequence[np.ndarray]) -> None:
