@@ -102,6 +102,7 @@ class ServeConfig:
     # None: auto (``service.process.engine_process``)
     fused_attention: bool = True  # the int8 step's attention by the compiled kernel (service.decoding.fused)
     fused_encoder: bool = True  # the int8 encoder's GRU by the compiled kernel (service.decoding.fused_encoder)
+    sched_batch: bool = True  # the process's threads run SCHED_BATCH (``service.process.sched_batch``)
 
 
 SMALL_REQUEST_ROWS = 8
@@ -176,6 +177,8 @@ FLAGS: list[tuple[str, Callable[[str], object], object, str]] = [
     ("--fused-attention", _choice(Switch), Switch.ON, "int8 step attention by our compiled kernel (off: ONNX Runtime's)"),
     ("--fused-encoder", _choice(Switch), Switch.ON, "int8 encoder GRU by our compiled kernel, int8 recurrence "
      "(off: ONNX Runtime's fp32 GRU; docs/serving.md)"),
+    ("--sched-batch", _choice(Switch), Switch.ON, "Linux: the server's threads and engine process run SCHED_BATCH (a thread "
+     "that wakes does not preempt a running one: fewer context switches; docs/serving.md); off: SCHED_OTHER"),
     ("--max-rows", _int_at_least(1), _DEFAULTS.max_rows, "decoder rows per step"),
     ("--max-tokens", _int_at_least(1), _DEFAULTS.max_tokens, "rows x padded source length of the running batch"),
     ("--max-wait-ms", _seconds, _DEFAULTS.max_wait * 1000, "how long texts that arrive while a batch decodes wait "
@@ -275,7 +278,8 @@ def parse(argv: list[str], env: Mapping[str, str] | None = None) -> ServeConfig:
                                max_connections=args.http_max_connections),
         trust_client_id=args.trust_client_id is Switch.ON, fairness=args.fairness is Switch.ON,
         engine_process={EngineProcess.ON: True, EngineProcess.OFF: False}.get(args.engine_process),
-        fused_attention=args.fused_attention is Switch.ON, fused_encoder=args.fused_encoder is Switch.ON)
+        fused_attention=args.fused_attention is Switch.ON, fused_encoder=args.fused_encoder is Switch.ON,
+        sched_batch=args.sched_batch is Switch.ON)
 
 
 def _path(text: str) -> Path | None:

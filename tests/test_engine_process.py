@@ -288,6 +288,9 @@ def test_an_idle_server_decodes_a_small_request_itself(process_server: ServerThr
                                                         monkeypatch) -> None:
     """A cycle of at most LOCAL_ROWS rows that finds the child idle decodes in the server process
     (no hops to the child and back); a larger one, or one arriving while that decodes, goes to the child."""
+    from service.scheduling import remote
+
+    monkeypatch.setattr(remote, "LOCAL_QUIET", 0.0)  # however recently the child decoded (the next test)
     sched = child_of(process_server)
     sent = []
     send = sched._conn.send
@@ -308,6 +311,55 @@ def test_an_idle_server_decodes_a_small_request_itself(process_server: ServerThr
     assert first.result().translations[0].hypotheses[0].text == best(reversal_engine, [LONG_DIGITS])[0]
     assert [c.result().translations[0].hypotheses[0].text for c in later] == best(reversal_engine, small)
     assert process_server.metric("nmt_inflight_rows") == 0
+
+
+def test_a_small_request_decodes_here_only_once_the_child_was_quiet(process_server: ServerThread,
+                                                                     reversal_engine: Engine, monkeypatch) -> None:
+    """At saturation the child empties for a moment now and then: a text arriving then goes to the child
+    unless the child has had no rows for LOCAL_QUIET seconds (decoding here takes the event loop's GIL)."""
+    from service.scheduling import remote
+
+    sched = child_of(process_server)
+    sent = []
+    send = sched._conn.send
+    monkeypatch.setattr(sched._conn, "send", lambda message: sent.append(message) or send(message))
+    monkeypatch.setattr(remote, "LOCAL_QUIET", 3600.0)
+    small = ["3 1 4 1 5", "9 2"]
+    process_server.api.Translate(pb.TranslateRequest(texts=small * 5), timeout=60)  # 10 rows: the child's
+    reply = process_server.api.Translate(pb.TranslateRequest(texts=small), timeout=60)
+    assert [t.hypotheses[0].text for t in reply.translations] == best(reversal_engine, small)
+    assert sum(len(m.add) for m in sent if m is not None) == 12  # the child decoded within the hour: its
+    sent.clear()
+    monkeypatch.setattr(remote, "LOCAL_QUIET", 0.0)
+    reply = process_server.api.Translate(pb.TranslateRequest(texts=small), timeout=60)
+    assert [t.hypotheses[0].text for t in reply.translations] == best(reversal_engine, small)
+    assert not [m for m in sent if m is not None and m.add]  # quiet long enough: decoded here
+
+
+def _policies(pid: int) -> set[int]:
+    """The scheduling policies of every thread of ``pid`` and of its child processes."""
+    def parent(p: str) -> int:
+        try:
+            return int(open(f"/proc/{p}/stat").read().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError):
+            return -1
+    pids = [pid] + [int(p) for p in os.listdir("/proc") if p.isdigit() and parent(p) == pid]
+    assert len(pids) >= 2, "no engine process"
+    return {os.sched_getscheduler(int(t)) for p in pids for t in os.listdir(f"/proc/{p}/task")}
+
+
+@pytest.mark.skipif(not hasattr(os, "SCHED_BATCH"), reason="SCHED_BATCH is Linux's")
+def test_nmt_serve_runs_sched_batch_and_off_keeps_the_policy_it_had(reversal_repository, tmp_path) -> None:
+    from harness import ServerProcess
+
+    assert parse([], env={}).sched_batch and not parse([], env={"NMT_SCHED_BATCH": "off"}).sched_batch
+    with ServerProcess(reversal_repository, tmp_path / "batch.log", "--engine-process", "on") as server:
+        assert _policies(server.proc.pid) == {os.SCHED_BATCH}  # every thread, and the engine process's
+        assert "scheduling: SCHED_BATCH" in server.log_text()
+        assert server.api.Translate(pb.TranslateRequest(texts=["1 2 3"]), timeout=60).translations
+    with ServerProcess(reversal_repository, tmp_path / "other.log", "--engine-process", "on",
+                       "--sched-batch", "off") as server:
+        assert _policies(server.proc.pid) == {os.sched_getscheduler(0)}
 
 
 def test_split_sends_removals_where_their_texts_decode() -> None:

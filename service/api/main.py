@@ -16,7 +16,7 @@ from service.api.auth import TlsFiles, TokenFile
 from service.api.server import build, log
 from service.config import ConfigError, ServeConfig, parse
 from service.errors import ModelRepositoryError, ProviderUnavailableError
-from service.process import global_pools_allowed
+from service.process import global_pools_allowed, sched_batch
 
 
 async def serve(config: ServeConfig) -> int:
@@ -58,6 +58,7 @@ def main(argv: list[str]) -> int:
         return 2
     logging.basicConfig(level=config.log_level.upper(),  # StrEnum: "info" -> "INFO"
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    log.info("scheduling: %s", sched_batch(config.sched_batch))  # before any thread starts: they inherit it
     try:
         check_security_files(config)  # before the models load: a bad file fails in a second
         return asyncio.run(serve(config))

@@ -22,8 +22,9 @@ applies before a later step. So texts join a step later than in process. While t
 in the child's int8 form: the same bits) while the child runs that step, and the child only
 appends their rows; below, the child encodes them. Idle, the child waits for the pipe and
 the driver for the scheduler's wake event, as the engine thread does; and a cycle of at most
-``LOCAL_ROWS`` rows that finds both processes idle decodes in the server process (``_here``,
-on the driver thread, as in process): one text at a time pays no hops to the child and back.
+``LOCAL_ROWS`` rows that finds both processes idle (the child for ``LOCAL_QUIET`` seconds) decodes in
+the server process (``_here``, on the driver thread, as in process): one text at a time pays no hops
+to the child and back.
 
 A failed cycle or step fails what the child was decoding (as in process); a child that dies
 (killed, out of memory) fails what it held, with UNAVAILABLE, and is started again.
@@ -32,6 +33,7 @@ A failed cycle or step fails what the child was decoding (as in process); a chil
 from __future__ import annotations
 
 import logging
+import math
 import multiprocessing
 import time
 from multiprocessing.connection import Connection
@@ -52,6 +54,11 @@ DRIVER_THREAD = "nmt-driver"  # the server process's thread that speaks to the c
 RESTART_PAUSE = 1.0  # seconds between a child's death and its successor's start
 STOP_SECONDS = 5.0  # a child told to stop that is still there after this is killed
 LOCAL_ROWS = 8  # a cycle of at most this many rows, finding everything idle, decodes in the server process
+LOCAL_QUIET = 0.05
+"""...and only once the child has had no rows for this many seconds: at saturation the child empties
+for a moment now and then (about once a second at one text per call on the Zen 4), and a text decoded
+here then took this process's GIL from the event loop for its ~20 steps, and left the 2-thread step
+pool's worker spinning (0.05-0.08 of a core, ``docs/speed-round2.md``)."""
 ENCODE_HERE_ROWS = 64
 """The server process encodes a cycle's texts only while the child decodes at least this many rows (its
 last tick's): below, the child has time to spare, and its encoding them saves this process, the bound
@@ -154,10 +161,11 @@ class ProcessScheduler(Scheduler):
 
     def _drive(self) -> None:
         """Answer ticks with cycles while the child has rows or cycles to apply; else wait for arrivals.
-        A cycle of at most ``LOCAL_ROWS`` rows that finds the child and this process idle decodes here
-        (``_here``): an idle server answers one text without the hops to the child and back."""
+        A cycle of at most ``LOCAL_ROWS`` rows that finds the child and this process idle, the child for
+        ``LOCAL_QUIET`` seconds, decodes here (``_here``): an idle server answers one text without the
+        hops to the child and back."""
         assert self._conn is not None and self.process is not None
-        conn, sent, applied, rows, weights = self._conn, 0, 0, 0, None
+        conn, sent, applied, rows, weights, busy_at = self._conn, 0, 0, 0, None, -math.inf
         here = Lanes(self._engine.new_batch)  # the texts decoding in this process
         while not self._closing:
             ticks: list[Tick] = []
@@ -172,7 +180,9 @@ class ProcessScheduler(Scheduler):
                 for key, _ in (f for tick in ticks for f in tick.finished):  # first: their rows are free
                     self.state.finish(key)
                 now, cycle = self._next_cycle()
-                cycle, local = _split(cycle, here, idle=not rows and sent == applied and not here.live_rows)
+                busy_at = now if rows or sent > applied else busy_at
+                quiet = not rows and sent == applied and not here.live_rows and now - busy_at >= LOCAL_QUIET
+                cycle, local = _split(cycle, here, idle=quiet)
                 stream = tuple(self.state.running[key].stream for key, _ in cycle.add)
                 streaming = [k for k in here.lane_of if k in self.state.running and self.state.running[k].stream]
                 new_weights = self.state.lane_weights()
