@@ -45,12 +45,26 @@ def test_an_unknown_nmt_variable_is_an_error() -> None:
 
 
 def test_bad_environment_or_repository_exits_at_once(monkeypatch, capsys, tmp_path: Path) -> None:
+    import service.api.main
+
+    # main() in this process: its threads keep their policy (nmt serve's own: the next test)
+    monkeypatch.setattr(service.api.main, "sched_batch", lambda on: "")
     monkeypatch.setenv("NMT_PORT", "http")
     assert main([]) == 2
     assert capsys.readouterr().err == "nmt serve: NMT_PORT: must be an integer, got 'http'\n"
     monkeypatch.delenv("NMT_PORT")
     assert main(["--model-repository", str(tmp_path), "--port", "0", "--metrics-port", "0"]) == 1
     assert f"{tmp_path}: no manifest.json" in capsys.readouterr().err
+
+
+def test_a_start_up_failure_is_one_line_with_the_default_policy(tmp_path: Path) -> None:
+    """``nmt serve`` sets its threads' policy before any starts, and logs it only once the models loaded."""
+    absent = tmp_path / "absent"
+    done = subprocess.run([sys.executable, "-m", "service.cli", "serve", "--model-repository", str(absent),
+                           "--port", "0", "--metrics-port", "0", "--http-port", "0"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1
+    assert done.stdout + done.stderr == f"nmt serve: {absent}: model repository directory does not exist\n"
 
 
 # ---- start-up, connections, draining (in-process) --------------------------------------------

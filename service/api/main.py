@@ -19,10 +19,13 @@ from service.errors import ModelRepositoryError, ProviderUnavailableError
 from service.process import global_pools_allowed, sched_batch
 
 
-async def serve(config: ServeConfig) -> int:
-    """Run until SIGTERM or SIGINT, then drain and return 0."""
+async def serve(config: ServeConfig, scheduling: str = "") -> int:
+    """Run until SIGTERM or SIGINT, then drain and return 0 (``scheduling``: the policy set, logged
+    once the models loaded: a start-up failure stays one line)."""
     with global_pools_allowed():  # this process is the server: its engines may share ONNX Runtime's pools
         app = build(config)
+    if scheduling:
+        log.info("scheduling: %s", scheduling)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -58,10 +61,10 @@ def main(argv: list[str]) -> int:
         return 2
     logging.basicConfig(level=config.log_level.upper(),  # StrEnum: "info" -> "INFO"
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    log.info("scheduling: %s", sched_batch(config.sched_batch))  # before any thread starts: they inherit it
+    scheduling = sched_batch(config.sched_batch)  # before any thread starts: they inherit it
     try:
         check_security_files(config)  # before the models load: a bad file fails in a second
-        return asyncio.run(serve(config))
+        return asyncio.run(serve(config, scheduling))
     except (ConfigError, ModelRepositoryError, ProviderUnavailableError) as e:
         print(f"nmt serve: {e}", file=sys.stderr)
         return 1
