@@ -62,6 +62,12 @@ class EngineProcess(enum.StrEnum):  # where each model's batches decode (service
     OFF = "off"  # in the server process (its engine thread)
 
 
+class SchedBatch(enum.StrEnum):  # the Linux policy of nmt serve's threads (service.process.sched_batch)
+    AUTO = "auto"  # SCHED_BATCH where the batches decode in an engine process, else as started
+    ON = "on"
+    OFF = "off"
+
+
 class Switch(enum.StrEnum):  # an on/off flag (``--reflection off``); the config holds a bool
     ON = "on"
     OFF = "off"

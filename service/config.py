@@ -17,7 +17,7 @@ from typing import Callable, Mapping
 
 # the enum-like settings, imported here where they were first defined (service.choices)
 from service.choices import Precision, Provider, Batching, ModelControl, ModelVersions, LogLevel, Int8Form, Shortlist, Switch  # noqa: F401
-from service.choices import EngineProcess
+from service.choices import EngineProcess, SchedBatch
 from service.choices import converter as _choice
 from service.options import Limits
 
@@ -102,7 +102,7 @@ class ServeConfig:
     # None: auto (``service.process.engine_process``)
     fused_attention: bool = True  # the int8 step's attention by the compiled kernel (service.decoding.fused)
     fused_encoder: bool = True  # the int8 encoder's GRU by the compiled kernel (service.decoding.fused_encoder)
-    sched_batch: bool = True  # the process's threads run SCHED_BATCH (``service.process.sched_batch``)
+    sched_batch: bool | None = None  # threads under SCHED_BATCH (``service.process.sched_batch``); None: auto
 
 
 SMALL_REQUEST_ROWS = 8
@@ -177,8 +177,8 @@ FLAGS: list[tuple[str, Callable[[str], object], object, str]] = [
     ("--fused-attention", _choice(Switch), Switch.ON, "int8 step attention by our compiled kernel (off: ONNX Runtime's)"),
     ("--fused-encoder", _choice(Switch), Switch.ON, "int8 encoder GRU by our compiled kernel, int8 recurrence "
      "(off: ONNX Runtime's fp32 GRU; docs/serving.md)"),
-    ("--sched-batch", _choice(Switch), Switch.ON, "Linux: the server's threads and engine process run SCHED_BATCH (a thread "
-     "that wakes does not preempt a running one: fewer context switches; docs/serving.md); off: SCHED_OTHER"),
+    ("--sched-batch", _choice(SchedBatch), SchedBatch.AUTO, "Linux: on: the server's threads and engine process run "
+     "SCHED_BATCH (a waking thread waits for the tick, docs/serving.md); auto: on with the engine process; off: as started"),
     ("--max-rows", _int_at_least(1), _DEFAULTS.max_rows, "decoder rows per step"),
     ("--max-tokens", _int_at_least(1), _DEFAULTS.max_tokens, "rows x padded source length of the running batch"),
     ("--max-wait-ms", _seconds, _DEFAULTS.max_wait * 1000, "how long texts that arrive while a batch decodes wait "
@@ -279,7 +279,7 @@ def parse(argv: list[str], env: Mapping[str, str] | None = None) -> ServeConfig:
         trust_client_id=args.trust_client_id is Switch.ON, fairness=args.fairness is Switch.ON,
         engine_process={EngineProcess.ON: True, EngineProcess.OFF: False}.get(args.engine_process),
         fused_attention=args.fused_attention is Switch.ON, fused_encoder=args.fused_encoder is Switch.ON,
-        sched_batch=args.sched_batch is Switch.ON)
+        sched_batch={SchedBatch.ON: True, SchedBatch.OFF: False}.get(args.sched_batch))
 
 
 def _path(text: str) -> Path | None:

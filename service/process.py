@@ -142,18 +142,20 @@ def name_os_thread(name: str) -> None:
 
 
 def sched_batch(on: bool) -> str:
-    """Put this process's threads under Linux's SCHED_BATCH if ``on``: the threads and processes they
-    start afterwards inherit it (``nmt serve`` calls this first: gRPC's threads, the driver, ONNX Runtime's
-    pools, the engine process). A SCHED_BATCH thread that wakes does not preempt the one running; it
-    waits for the tick. The server's threads wake each other thousands of times a second (gRPC's
-    poller, the driver, the event loop); measured at saturation on the Zen 4 (``docs/serving.md``):
-    the event loop's context switches 5,100 -> 1,400 a second, the engine process's involuntary ones
-    1,400 -> 260. Needs no privilege. What was done, for the start-up log."""
+    """Put every thread of this process under Linux's SCHED_BATCH if ``on``: the threads and processes
+    they start afterwards inherit it (``nmt serve`` calls this once its models are loaded, before it
+    starts their engine processes and gRPC). A SCHED_BATCH thread that wakes does not preempt the one
+    running; it waits for the tick. With the engine process the server's threads wake each other
+    thousands of times a second (gRPC's poller, the driver, the event loop), and each wake-up preempted
+    the child: Zen 4, at saturation (``docs/serving.md``), the event loop's context switches 5,100 ->
+    1,400 a second, the child's involuntary ones 1,400 -> 260, 1.09x texts/s. In process it made the
+    event loop wait behind the spinning pool's workers (0.88x at one text per call): ``auto`` leaves it
+    off there. Needs no privilege. What was done, for the start-up log."""
     if not on:
-        return "the policy it was started with (--sched-batch off)"
-    try:  # the threads already there too (numpy's BLAS pool starts at import)
+        return "the policy it was started with (--sched-batch off, or auto without an engine process)"
+    try:
         for thread in os.listdir("/proc/self/task"):
             os.sched_setscheduler(int(thread), os.SCHED_BATCH, os.sched_param(0))
     except (AttributeError, OSError) as e:  # not Linux, or a seccomp profile that refuses it
         return f"the policy it was started with (SCHED_BATCH refused: {e})"
-    return "SCHED_BATCH for every thread and the engine process (--sched-batch on)"
+    return "SCHED_BATCH for every thread and the engine processes (--sched-batch)"

@@ -17,15 +17,16 @@ from service.api.server import build, log
 from service.config import ConfigError, ServeConfig, parse
 from service.errors import ModelRepositoryError, ProviderUnavailableError
 from service.process import global_pools_allowed, sched_batch
+from service.scheduling.remote import ProcessScheduler
 
 
-async def serve(config: ServeConfig, scheduling: str = "") -> int:
-    """Run until SIGTERM or SIGINT, then drain and return 0 (``scheduling``: the policy set, logged
-    once the models loaded: a start-up failure stays one line)."""
+async def serve(config: ServeConfig) -> int:
+    """Run until SIGTERM or SIGINT, then drain and return 0."""
     with global_pools_allowed():  # this process is the server: its engines may share ONNX Runtime's pools
         app = build(config)
-    if scheduling:
-        log.info("scheduling: %s", scheduling)
+    # before its engine processes start (they inherit it); auto: on where there is one
+    children = any(isinstance(m.scheduler, ProcessScheduler) for m in app.models.all)
+    log.info("scheduling: %s", sched_batch(children if config.sched_batch is None else config.sched_batch))
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -61,10 +62,9 @@ def main(argv: list[str]) -> int:
         return 2
     logging.basicConfig(level=config.log_level.upper(),  # StrEnum: "info" -> "INFO"
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    scheduling = sched_batch(config.sched_batch)  # before any thread starts: they inherit it
     try:
         check_security_files(config)  # before the models load: a bad file fails in a second
-        return asyncio.run(serve(config, scheduling))
+        return asyncio.run(serve(config))
     except (ConfigError, ModelRepositoryError, ProviderUnavailableError) as e:
         print(f"nmt serve: {e}", file=sys.stderr)
         return 1
