@@ -12,13 +12,14 @@ import os
 import pickle
 import random
 import signal
+import sys
 import threading
 import time
 
 import grpc
 import pytest
 
-from harness import LONG_DIGITS, ServerThread, config_for, wait_until
+from harness import LONG_DIGITS, ROOT, ServerThread, config_for, wait_until
 from service.config import parse
 from service.decoding.engine import Engine
 from service.options import DecodingOptions
@@ -26,6 +27,8 @@ from service.process import cores, engine_process, engine_threads, step_threads
 from service.proto.nmt.v1 import translation_pb2 as pb
 from service.scheduling.remote import ProcessScheduler, scheduler_for
 from service.scheduling.scheduler import Scheduler
+
+sys.path.insert(0, str(ROOT / "loadtest"))  # bench_release's descendants (the engine process's threads)
 
 
 def best(engine: Engine, texts: list[str], **options: object) -> list[str]:
@@ -337,14 +340,11 @@ def test_a_small_request_decodes_here_only_once_the_child_was_quiet(process_serv
 
 
 def _policies(pid: int, *, child: bool = True) -> set[int]:
-    """The scheduling policies of every thread of ``pid`` and of its child processes (an engine
+    """The scheduling policies of every thread of ``pid`` and of its descendants (an engine
     process among them if ``child``)."""
-    def parent(p: str) -> int:
-        try:
-            return int(open(f"/proc/{p}/stat").read().rsplit(")", 1)[1].split()[1])
-        except (OSError, ValueError):
-            return -1
-    pids = [pid] + [int(p) for p in os.listdir("/proc") if p.isdigit() and parent(p) == pid]
+    from bench_release import descendants
+
+    pids = [pid, *descendants(pid)]
     assert not child or len(pids) >= 2, "no engine process"
     return {os.sched_getscheduler(int(t)) for p in pids for t in os.listdir(f"/proc/{p}/task")}
 

@@ -58,7 +58,7 @@ LOCAL_QUIET = 0.05
 """...and only once the child has had no rows for this many seconds: at saturation the child empties
 for a moment now and then (about once a second at one text per call on the Zen 4), and a text decoded
 here then took this process's GIL from the event loop for its ~20 steps, and left the 2-thread step
-pool's worker spinning (0.05-0.08 of a core, ``docs/speed-round2.md``)."""
+pool's worker spinning (0.04-0.08 of a core, ``docs/speed-round2.md``)."""
 ENCODE_HERE_ROWS = 64
 """The server process encodes a cycle's texts only while the child decodes at least this many rows (its
 last tick's): below, the child has time to spare, and its encoding them saves this process, the bound
