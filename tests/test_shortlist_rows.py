@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from export.graphs import shortlist as build
-from service.decoding import shortlist, shortlist_rows
+from service.decoding import fused_middle, shortlist, shortlist_rows
 from service.decoding.engine import Engine
 from service.decoding.shortlist import ShortlistChoice
 from service.options import DecodingOptions
@@ -145,7 +145,9 @@ def shortlisted(reversal_repository: Path, reversal_corpus: Path, tmp_path_facto
 def test_the_served_shortlist_scores_each_row_over_its_own_candidates(shortlisted: Path,
                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     """The per-row step is the union's answer (its graphs: the batch's words, each row masked to its own) to
-    rounding, on a real batch of the served engine: the same tokens, log-probabilities within 1e-5."""
+    rounding, on a real batch of the served engine: the same tokens, log-probabilities within 1e-5 (both
+    with the graph's middle: the compiled one is tests/test_fused_middle.py's)."""
+    monkeypatch.setattr(fused_middle, "offered", lambda: "compared with the graph's middle")
     engine = Engine(shortlisted, precision="int8", intra_op_threads=1, shortlist=ShortlistChoice.ON)
     runtime = engine.runtime
     assert runtime.shortlist_rows and runtime.attention_form == "fused"

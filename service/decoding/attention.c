@@ -201,6 +201,10 @@ static PyMethodDef methods[] = {
      "(raw (rows, V), scale (rows, 1), bias (V,)); their k best log-probabilities, descending, into values "
      "(rows, k) and their ids into ids (rows, k) (ties: the lower id first); every log-probability into "
      "log_probs (rows, V) when given."},
+    {"middle", py_middle, METH_VARARGS,
+     "middle(arrays, (unit, qmax, tiny, inv_qmax), threads=1, form=-1): the int8 step's GRU cell, deep output and "
+     "products from the context to the output layer's input (service/decoding/middle.c; arrays as "
+     "service/decoding/fused_middle.py gives them); form: 0 plain C, 2 AVX-512 VNNI (-1 the best here), same results."},
     {"shortlist_layer", py_shortlist_layer, METH_VARARGS,
      "shortlist_layer(a, scale, w, wsum, wscale, bias, starts, counts, ids, values, out_ids, threads=1, form=-1): "
      "the output layer over each row's own candidates (service/decoding/shortlist_layer.c): row r's k best "

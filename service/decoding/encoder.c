@@ -119,12 +119,6 @@ int int8_best_form(void) {
     return __builtin_cpu_supports("avx2") ? 1 : 0;
 }
 
-static inline __attribute__((always_inline)) vf sigmoid_v(vf x) {
-    vi negative = (vi)x & (int32_t)0x80000000;
-    vf e = exp_v((vf)((vi)x | (int32_t)0x80000000)); /* e^-|x| */
-    return select_v(negative != 0, e / (1.0f + e), 1.0f / (1.0f + e));
-}
-
 /* 16 float16 (their bits) as floats: normal and subnormal numbers exactly (the exponent rebased by
  * multiplying by 2^112), the sign put back; the table has no infinities or NaNs */
 static inline __attribute__((always_inline)) vf half_v(const uint16_t *p) {

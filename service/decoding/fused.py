@@ -96,10 +96,12 @@ class FusedStep:
     def loaded(cls, query: onnx.ModelProto, tail: onnx.ModelProto, v: np.ndarray, load_graph: Callable[[bytes], Any],
                ctx_size: int, threads: int, box: list | None, like: FusedStep | None, **extra: Any) -> FusedStep:
         """``cls`` of the cut graphs ``query`` and ``tail``, each loaded by ``load_graph`` (the query's
-        quiet), or ``like``'s query session where its query graph is the same; ``extra``: more arguments."""
+        quiet), or ``like``'s query session where its query graph is the same; ``extra``: more arguments;
+        ``tail_session``: what runs ``tail`` instead of a session of it (a compiled middle)."""
         same = like is not None and like.graphs.get("query") == query
         query_session = like.query if same else load_graph(query.SerializeToString(), quiet=True)
-        return cls(query_session, load_graph(tail.SerializeToString()), v, ctx_size, load_graph=load_graph,
+        tail_session = extra.pop("tail_session", None) or load_graph(tail.SerializeToString())
+        return cls(query_session, tail_session, v, ctx_size, load_graph=load_graph,
                    threads=threads, graphs={"query": query, "tail": tail}, box=box, **extra)
 
     def like(self, step: onnx.ModelProto) -> FusedStep:

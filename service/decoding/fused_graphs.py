@@ -22,6 +22,7 @@ PRODUCT, CONTEXT = "fused/state_product", "fused/context"
 RAW, SCALE = "fused/output_product", "fused/output_scale"  # the middle graph's outputs
 OUTPUT_INPUT = "fused/output_input"  # or, cut before the product (``split_output(at_product=True)``), its uint8 input
 NEXT_PRODUCT = "fused/next_state_product"  # and the next step's state product (``with_next_product``)
+ALWAYS = "fused/always_product"  # the always-words' product of the per-row shortlist's middle graph (rows, F)
 SHAPES = {PRODUCT: ["rows", "product"], CONTEXT: ["rows", "ctx_size"], RAW: ["rows", "vocab_size"], SCALE: ["rows", 1],
           NEXT_PRODUCT: ["rows", "product"], OUTPUT_INPUT: ["rows", "out_size"]}
 

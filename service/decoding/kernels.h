@@ -1,4 +1,4 @@
-/* What the step's compiled kernels share (attention.c, output_layer.c): GCC's generic vectors of 16
+/* What the step's compiled kernels share (attention.c, output_layer.c, middle.c): GCC's generic vectors of 16
  * floats (lowered to AVX-512, AVX2 or SSE by each target clone), exp and tanh on them, the rows split
  * between threads, and reading numpy arrays through the buffer protocol. */
 #ifndef NMT_KERNELS_H
@@ -58,6 +58,13 @@ static inline __attribute__((always_inline)) vf tanh_v(vf x) {
     return (vf)((vi)t | sign);
 }
 
+/* 1 / (1 + e^-x) through e^-|x| (never overflowing) */
+static inline __attribute__((always_inline)) vf sigmoid_v(vf x) {
+    vi negative = (vi)x & (int32_t)0x80000000;
+    vf e = exp_v((vf)((vi)x | (int32_t)0x80000000)); /* e^-|x| */
+    return select_v(negative != 0, e / (1.0f + e), 1.0f / (1.0f + e));
+}
+
 #define MAX_K 256 /* the most log-probabilities an output kernel keeps per row */
 
 static inline __attribute__((unused)) int any(vi mask) {
@@ -108,5 +115,6 @@ PyObject *py_output_layer(PyObject *self, PyObject *args);
 PyObject *py_shortlist_layer(PyObject *self, PyObject *args);
 PyObject *py_gru_encode(PyObject *self, PyObject *args);
 PyObject *py_gru_form(PyObject *self, PyObject *args);
+PyObject *py_middle(PyObject *self, PyObject *args);
 
 #endif

@@ -23,14 +23,14 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 import onnx
 
-from service.decoding import fused
-from service.decoding.fused_graphs import OUTPUT_INPUT, SCALE, ProductLayer, split_output, split_step, with_next_product
+from service.decoding import fused, fused_middle
+from service.decoding.fused_graphs import (ALWAYS, OUTPUT_INPUT, SCALE, ProductLayer, split_output,
+                                           split_step, with_next_product)
 from service.decoding.shortlist import NEG_LARGE, Candidates, OutputLayer
 
 ROW_INPUTS = ("candidate_ids", "row_starts", "row_counts")
 SHARED = ("candidate_ids",)  # not one entry per row
 NAMES = ["topk_log_probs", "topk_ids", "next_state", "attention"]
-ALWAYS = "fused/always_product"  # the middle graph's product for the always-words (rows, F)
 
 
 class RowShortlistStep(fused.FusedStep):
@@ -42,16 +42,18 @@ class RowShortlistStep(fused.FusedStep):
         self._tail_outputs[1:3] = [OUTPUT_INPUT, SCALE, ALWAYS]
 
     @classmethod
-    def cut(cls, step: onnx.ModelProto, like: fused.FusedStep, always: np.ndarray) -> RowShortlistStep:
+    def cut(cls, step: onnx.ModelProto, like: fused.FusedStep, always: np.ndarray, *,
+            compiled: bool = False) -> RowShortlistStep:
         """``step`` (the served int8 step) cut before its output product, which the middle graph makes for
-        the ``always`` words only; loaded as ``like``'s parts (its query session shared); ValueError for a
-        graph the cuts do not know."""
+        the ``always`` words only; loaded as ``like``'s parts (its query session shared); ``compiled``: the
+        middle graph run by ``fused_middle.MiddleKernel``; ValueError for a graph the cuts do not know."""
         query, tail, v = split_step(step)
         middle, layer = split_output(tail, at_product=True)
         assert like._load is not None
         tail = with_next_product(layer.with_product(middle, always, ALWAYS), query)
+        kernel = fused_middle.MiddleKernel.of(tail, like.threads) if compiled else None
         return cls.loaded(query, tail, v, like._load, like.ctx_size, like.threads, like._box, like, bias=layer.bias,
-                          layer=layer, always=always)
+                          layer=layer, always=always, tail_session=kernel)
 
     def _layer(self, out: Sequence[np.ndarray], feed: Mapping[str, np.ndarray]
                ) -> tuple[Callable[[], None], np.ndarray, np.ndarray]:
@@ -106,10 +108,11 @@ def known_answer(feed: Mapping[str, np.ndarray], vocab: int, always: np.ndarray,
 
 
 def load(step: onnx.ModelProto, like: fused.FusedStep, masked: Any, layer: OutputLayer, always: np.ndarray,
-         feed: Mapping[str, np.ndarray]) -> RowShortlistStep | None:
+         feed: Mapping[str, np.ndarray], *, compiled: bool = True) -> RowShortlistStep | None:
     """The per-row form of ``step`` (``always``: the shortlist's always-words) if the kernel is there and
     it agrees, on ``feed`` (the known-answer step feed), with ``masked`` (the shortlist's masked session:
-    ``run(names, feed + row_bias)``); else None with one log line."""
+    ``run(names, feed + row_bias)``); else None with one log line. ``compiled``: its middle by
+    ``fused_middle.MiddleKernel`` where offered and it passes the same check (else the graph's, one log line)."""
     texts = known_answer(feed, len(layer.bias), always)
     beams = [2] * (len(texts) - 1) + [len(feed["state"]) - 2 * (len(texts) - 1)]
     row_feed = {**feed, **candidates([np.setdiff1d(ids, always) for ids in texts], beams).feed}
@@ -117,5 +120,12 @@ def load(step: onnx.ModelProto, like: fused.FusedStep, masked: Any, layer: Outpu
     for i, ids in enumerate(texts):
         bias[i, ids] = layer.bias[ids]
     reference = lambda f: masked.run(NAMES, {**f, "row_bias": np.repeat(bias, beams, axis=0)})  # noqa: E731
-    return fused.checked("shortlist per row", "the shortlist", lambda: RowShortlistStep.cut(step, like, always),
-                         lambda rows: fused.check(reference, rows, row_feed, NAMES, shared=SHARED))
+    check = lambda rows: fused.check(reference, rows, row_feed, NAMES, shared=SHARED)  # noqa: E731
+    if compiled and (why := fused_middle.offered()) is None:
+        found = fused.checked("compiled middle", "the step's middle", lambda: RowShortlistStep.cut(
+            step, like, always, compiled=True), check)
+        if found is not None:
+            return found
+    elif compiled:
+        fused.log.info("compiled middle not offered (%s): the step's middle runs on ONNX Runtime's operators", why)
+    return fused.checked("shortlist per row", "the shortlist", lambda: RowShortlistStep.cut(step, like, always), check)
