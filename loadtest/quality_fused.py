@@ -1,6 +1,6 @@
 """Does a fused kernel cost BLEU? The serving engine with and without it, on two splits.
 
-    python loadtest/quality_fused.py REPOSITORY CORPUS [--kernel attention|encoder] [--splits test long]
+    python loadtest/quality_fused.py REPOSITORY CORPUS [--kernel attention|encoder|middle] [--splits test long]
         [--beam 5] [--threads 2]
 
 Decodes every source of ``CORPUS/<split>.jsonl`` with ``service.decoding.engine.Engine``
@@ -9,8 +9,9 @@ operators (packed attention, the form before) and by the compiled kernel
 (``service/decoding/fused.py``: its own tanh, sums in another order), greedy and beam ``--beam``,
 and scores them like ``nmt evaluate`` (sacreBLEU, chrF). ``--kernel encoder``: the encoder's GRU
 by ONNX Runtime (fp32) and by the compiled kernel (``service/decoding/fused_encoder.py``: int8
-recurrence), the step fused in both. Also counts the translations that are
-the same text (the JSON also keeps each run's seconds: not a speed figure, see ``bench_fused.py``). Writes ``loadtest/results/quality_fused[_encoder].{md,json}`` with the CPU's flags.
+recurrence), the step fused in both. ``--kernel middle``: the served defaults with the step's middle
+by ONNX Runtime and by ``middle.c`` (``service/decoding/fused_middle.py``). Also counts the translations that are
+the same text (the JSON also keeps each run's seconds: not a speed figure, see ``bench_fused.py``). Writes ``loadtest/results/quality_fused[_encoder|_middle].{md,json}`` with the CPU's flags.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import platform
 from pathlib import Path
 
 from quality_engine import compare_engines, comparison_parser  # this folder's script: the same decoding loop
+from service.decoding import fused_middle
 from service.decoding.engine import Engine
 from service.decoding.int8_form import reported_flags
 
@@ -27,6 +29,17 @@ FORMS = {"graph": False, "fused": True}
 
 
 def measure(repository: Path, corpus: Path, splits: list[str], beam: int, threads: int, kernel: str) -> list[dict]:
+    if kernel == "middle":  # the served defaults (the shortlist per row), with and without the compiled middle
+        engines = {"fused": Engine(repository, precision="int8", intra_op_threads=threads)}
+        offered, fused_middle.offered = fused_middle.offered, lambda: "the graph's middle, to compare with"
+        try:
+            engines["graph"] = Engine(repository, precision="int8", intra_op_threads=threads)
+        finally:
+            fused_middle.offered = offered
+        engines = {"graph": engines["graph"], "fused": engines["fused"]}
+        assert isinstance(engines["fused"].runtime._step_sessions["rows"].tail, fused_middle.MiddleKernel), \
+            "the compiled middle did not load: nothing to compare"
+        return compare_engines(engines, corpus, splits, beam, kernel, "identical")
     engines = {form: Engine(repository, precision="int8", intra_op_threads=threads,
                             **{"fused_attention": True, "fused_encoder": True, f"fused_{kernel}": on})
                for form, on in FORMS.items()}  # the other kernel fused in both
@@ -37,7 +50,9 @@ def measure(repository: Path, corpus: Path, splits: list[str], beam: int, thread
 
 WHAT = {"attention": "graph: ONNX Runtime's operators (packed attention); fused: the compiled kernels (attention, "
                       "output layer); the encoder fused in both.",
-        "encoder": "graph: ONNX Runtime's fp32 GRU; fused: the compiled kernel (int8 recurrence); the step fused in both."}
+        "encoder": "graph: ONNX Runtime's fp32 GRU; fused: the compiled kernel (int8 recurrence); the step fused in both.",
+        "middle": "graph: the step's middle (GRU cell, deep output, products) by ONNX Runtime; fused: the compiled "
+                  "kernel (middle.c); the served defaults otherwise (the shortlist per row)."}
 
 
 def markdown(rows: list[dict], repository: Path, meta: dict, command: str, kernel: str) -> str:
@@ -54,10 +69,10 @@ def markdown(rows: list[dict], repository: Path, meta: dict, command: str, kerne
 
 def main(argv: list[str] | None = None) -> int:
     parser = comparison_parser(__doc__, Path("loadtest/results/quality_fused"))
-    parser.add_argument("--kernel", choices=["attention", "encoder"], default="attention")
+    parser.add_argument("--kernel", choices=["attention", "encoder", "middle"], default="attention")
     args = parser.parse_args(argv)
-    if args.kernel == "encoder" and args.out == parser.get_default("out"):
-        args.out = args.out.with_name("quality_fused_encoder")
+    if args.kernel != "attention" and args.out == parser.get_default("out"):
+        args.out = args.out.with_name(f"quality_fused_{args.kernel}")
     rows = measure(args.repository, args.corpus, args.splits, args.beam, args.threads, args.kernel)
     form = Engine(args.repository, precision="int8", intra_op_threads=1).int8_form
     meta = {"machine": f"{platform.machine()}, {platform.processor() or 'cpu'}", "flags": reported_flags(),

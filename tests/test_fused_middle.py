@@ -155,6 +155,7 @@ def test_the_engine_runs_it_where_offered_and_the_graph_elsewhere(shortlisted: P
             engine = Engine(shortlisted, precision="int8", intra_op_threads=1, shortlist=ShortlistChoice.ON)
         tail = engine.runtime._step_sessions["rows"].tail
         assert isinstance(tail, fused_middle.MiddleKernel) is compiled
+        assert engine.shortlist_reason.endswith(f"each row over its own words, middle {'compiled' if compiled else 'graph'}")
         said = [r.getMessage() for r in caplog.records if "compiled middle" in r.getMessage()]
         assert said == ([] if compiled else ["compiled middle not offered (this CPU's int8 products are avx2, not "
                                              "AVX-512 VNNI): the step's middle runs on ONNX Runtime's operators"])

@@ -59,7 +59,7 @@ class Engine:
                                shared_pool=shared_pool, fused_attention=fused_attention,
                                fused_encoder=fused_encoder, step_threads=step_threads)
         if self.runtime.shortlist_rows:
-            self.shortlist_reason += "; each row over its own words"
+            self.shortlist_reason += f"; each row over its own words, middle {self.runtime.middle_form}"
         self.max_source_tokens = min(limits.max_source_tokens, manifest.max_source_tokens)
         self.construction = dict(precision=precision, provider=provider, intra_op_threads=intra_op_threads,
                                  limits=limits, decoder_spinning=decoder_spinning, int8_form=int8_form,

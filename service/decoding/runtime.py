@@ -1,12 +1,11 @@
 """ONNX Runtime sessions for the two graphs of a model repository (CPU or CUDA).
 
-On CPU, arrays go in and out as numpy. On CUDA the decoder runs with I/O
-binding: the per-row context (annotations, keys, mask) is uploaded once per
-batch layout and stays on the device, and ``next_state`` is left on the device
-and fed back as the next ``state`` whenever the rows keep their order (greedy
-without arrivals or departures). A beam reorder gathers the state on the host
-(rows x state_size floats: small next to the context), since the graphs
-have no gather input. Only the small outputs (top-k, attention) come back.
+On CPU, arrays go in and out as numpy. On CUDA the decoder runs with I/O binding: the per-row
+context (annotations, keys, mask) is uploaded once per batch layout and stays on the device, and
+``next_state`` is left on the device and fed back as the next ``state`` whenever the rows keep their
+order (greedy without arrivals or departures). A beam reorder gathers the state on the host (rows x
+state_size floats: small next to the context), since the graphs have no gather input. Only the small
+outputs (top-k, attention) come back.
 """
 
 from __future__ import annotations
@@ -23,7 +22,6 @@ from service.decoding.fused_encoder import load as fused_encoder_load
 from service.decoding.int8_form import FormChoice, Int8Form
 from service.decoding.shortlist import INPUTS as SHORTLIST_TYPES
 from service.decoding.shortlist import Candidates, Shortlist, shortlist_graph
-
 from service.decoding.sessions import (CUDA_DEVICE_ID, CUDA_OPTIONS, PROVIDERS, _check_provider,  # noqa: F401
                                       _load_session, _session_options, provider_list, run_bound,
                                       session_shapes)
@@ -43,13 +41,11 @@ class Runtime:
                  intra_op_threads: int | None, decoder_spinning: bool = True,
                  int8_form: FormChoice = FormChoice.AUTO, shortlist: Shortlist | None = None,
                  packed_attention: bool = True, shared_pool: bool = False,
-                 fused_attention: bool = True, fused_encoder: bool = True,
-                 step_threads: int | None = None) -> None:
+                 fused_attention: bool = True, fused_encoder: bool = True, step_threads: int | None = None) -> None:
         """``step_threads``: the step sessions' intra-op threads where they differ from the encoder's
-        (``intra_op_threads``; the engine process's server side: ``service.process.step_threads``).
-        ``fused_attention``: the int8 step's attention by the compiled kernel (``service.decoding.fused``)
-        where it loads and passes its check; packed attention is the form without it. ``fused_encoder``:
-        the int8 encoder's GRU by the compiled kernel (``service.decoding.fused_encoder``), likewise."""
+        (``intra_op_threads``; the engine process's server side: ``service.process.step_threads``). ``fused_attention``:
+        the int8 step's attention (and middle: ``fused_middle``) by compiled kernels where they load and pass their
+        check; packed attention is the form without. ``fused_encoder``: the int8 encoder's GRU likewise."""
         if precision not in manifest.graphs:
             raise ModelRepositoryError(f"{manifest.root}: no {precision!r} graphs "
                                        f"(the manifest has {sorted(manifest.graphs)})")
@@ -151,6 +147,11 @@ class Runtime:
         return self.shortlist is not None and "rows" in self._step_sessions
 
     @property
+    def middle_form(self) -> str:
+        """How the per-row shortlist's step runs its middle: compiled (``fused_middle``), or graph."""
+        return shortlist_rows.middle_form(getattr(self, "_step_sessions", {}).get("rows"))
+
+    @property
     def packed(self) -> bool:
         """Packed attention (``service.decoding.packed``): ``decoder`` is the packed step."""
         return self._padded is not None
@@ -185,8 +186,7 @@ class Runtime:
 
     def _encoder_graph(self) -> onnx.ModelProto:
         """The encoder graph as served so far: converted in memory, or as shipped (loaded once)."""
-        if self._encoder_model is None:
-            self._encoder_model = onnx.load(self._paths[0])
+        self._encoder_model = self._encoder_model if self._encoder_model is not None else onnx.load(self._paths[0])
         return self._encoder_model
 
     def _encoder_feed(self) -> dict[str, np.ndarray]:

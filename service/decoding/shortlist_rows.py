@@ -89,6 +89,11 @@ class RowShortlistStep(fused.FusedStep):
         return [result[n] for n in names]
 
 
+def middle_form(step: Any) -> str:
+    """``compiled`` where ``step`` is a per-row step whose middle is ``fused_middle.MiddleKernel``, else ``graph``."""
+    return "compiled" if isinstance(getattr(step, "tail", None), fused_middle.MiddleKernel) else "graph"
+
+
 def candidates(texts: Sequence[np.ndarray], beams: Sequence[int], always: int = 0) -> Candidates:
     """The step's ``ROW_INPUTS`` for texts of ``beams`` rows each (each text's own words: sorted, none of
     them one of the ``always`` always-words; ``Shortlist.of_text(own=True)``)."""
