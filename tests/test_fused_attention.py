@@ -343,6 +343,9 @@ _CLONES = {"arch=x86-64-v4": {"avx512f", "avx512bw", "avx512vl", "avx512dq"}, "a
            "arch=x86-64": set()}
 
 
+SOURCES = ("attention", "output_layer", "encoder", "shortlist_layer", "middle", "shortlist_words")  # setup.py's
+
+
 @pytest.mark.parametrize("target", list(_CLONES))
 def test_each_clone_of_the_kernels_matches_the_references(target: str, tmp_path: Path) -> None:
     """The build holds the kernels for AVX-512, AVX2 + FMA and the baseline; the CPU picks one. Each is
@@ -363,7 +366,7 @@ def test_each_clone_of_the_kernels_matches_the_references(target: str, tmp_path:
     source = Path(fused.__file__).parent
     built = tmp_path / f"_attention{sysconfig.get_config_var('EXT_SUFFIX')}"
     subprocess.run([compiler, "-O3", "-std=gnu11", "-Wno-psabi", "-shared", "-fPIC", f"-DNMT_TARGET=\"{target}\"",
-                    f"-I{sysconfig.get_paths()['include']}", *(str(source / f"{name}.c") for name in ("attention", "output_layer", "encoder", "shortlist_layer", "middle")),
+                    f"-I{sysconfig.get_paths()['include']}", *(str(source / f"{name}.c") for name in SOURCES),
                     "-o", str(built)], check=True, capture_output=True, timeout=120)
     spec = importlib.util.spec_from_loader("_attention", importlib.machinery.ExtensionFileLoader("_attention", str(built)))
     clone = importlib.util.module_from_spec(spec)

@@ -10,6 +10,8 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from export.graphs import shortlist as build
 from service.decoding import shortlist
@@ -173,3 +175,34 @@ def test_listmodels_says_whether_the_shortlist_serves(shortlisted: Path) -> None
             [info] = s.api.ListModels(pb.ListModelsRequest(), timeout=10).models
             assert info.shortlist is on
             assert s.api.Translate(pb.TranslateRequest(texts=["1 2 3"]), timeout=30).translations
+
+
+@settings(max_examples=60, deadline=None)
+@given(lists=st.lists(st.lists(st.integers(0, 300), max_size=12), min_size=1, max_size=30),
+       pieces=st.lists(st.integers(-3, 35), max_size=20), own=st.booleans())
+def test_a_texts_words_are_the_union_of_its_pieces_lists_compiled_or_not(lists, pieces, own) -> None:
+    """``Shortlist.of_text``: the compiled union (``shortlist_words.c``) gives numpy's answer, ascending and
+    without repeats, pieces outside the table bringing nothing; ``own`` leaves the always-words out."""
+    module = shortlist
+    compiled = pytest.importorskip("service.decoding._attention", reason="installed without a C compiler")
+    offsets = np.concatenate([[0], np.cumsum([len(ids) for ids in lists])]).astype(np.int64)
+    table = module.Shortlist(offsets=offsets, ids=np.array([i for ids in lists for i in ids], np.int32),
+                             always=np.array([0, 5, 299], np.int64))
+    got = table.of_text(tuple(pieces), own=own)
+    want = set().union(*(lists[p] for p in pieces if 0 <= p < len(lists)))
+    want = sorted(want - {0, 5, 299} if own else want | {0, 5, 299})
+    assert got.dtype == (np.int32 if own else np.int64)
+    assert got.tolist() == want
+    try:
+        module._attention = None
+        assert module.Shortlist(offsets=offsets, ids=table.ids, always=table.always).of_text(pieces, own=own).tolist() == want
+    finally:
+        module._attention = compiled
+
+
+def test_a_list_outside_the_table_is_refused_naming_it() -> None:
+    compiled = pytest.importorskip("service.decoding._attention", reason="installed without a C compiler")
+    with pytest.raises(ValueError, match="piece 1's list \\(offsets 2 to 9\\) must lie within the 3 ids"):
+        compiled.shortlist_words(np.array([0, 2, 9], np.int64), np.array([1, 2, 3], np.int32), [1], np.empty(8, np.int32))
+    with pytest.raises(ValueError, match="ids holds 8, not a word below out's 8"):
+        compiled.shortlist_words(np.array([0, 1], np.int64), np.array([8], np.int32), [0], np.empty(8, np.int32))

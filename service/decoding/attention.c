@@ -210,6 +210,9 @@ static PyMethodDef methods[] = {
      "the output layer over each row's own candidates (service/decoding/shortlist_layer.c): row r's k best "
      "log-probabilities over ids[starts[r]:starts[r] + counts[r]] into values and out_ids (rows, k); form as "
      "gru_encode's, same results."},
+    {"shortlist_words", py_shortlist_words, METH_VARARGS,
+     "shortlist_words(offsets, ids, pieces, out): the union of the lists of the source pieces `pieces` (piece p's: "
+     "ids[offsets[p]:offsets[p + 1]]; pieces without one bring nothing) into out, ascending; returns how many."},
     {NULL, NULL, 0, NULL}};
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_attention", NULL, -1, methods, NULL, NULL, NULL, NULL};

@@ -1,4 +1,4 @@
-/* What the step's compiled kernels share (attention.c, output_layer.c, middle.c): GCC's generic vectors of 16
+/* What the compiled kernels share (attention.c, output_layer.c, middle.c, ...): GCC's generic vectors of 16
  * floats (lowered to AVX-512, AVX2 or SSE by each target clone), exp and tanh on them, the rows split
  * between threads, and reading numpy arrays through the buffer protocol. */
 #ifndef NMT_KERNELS_H
@@ -116,5 +116,6 @@ PyObject *py_shortlist_layer(PyObject *self, PyObject *args);
 PyObject *py_gru_encode(PyObject *self, PyObject *args);
 PyObject *py_gru_form(PyObject *self, PyObject *args);
 PyObject *py_middle(PyObject *self, PyObject *args);
+PyObject *py_shortlist_words(PyObject *self, PyObject *args);
 
 #endif

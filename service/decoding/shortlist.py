@@ -36,6 +36,11 @@ from onnx import TensorProto, helper, numpy_helper
 from service import config
 from service.text import placeholders
 
+try:
+    from service.decoding import _attention
+except ImportError:  # installed without a C compiler: numpy's union
+    _attention = None
+
 WEIGHT, SCALE, BIAS = "output_product/weight", "output_product/weight_scale", "output_bias"
 """Names of the output layer's constants in the int8 step (``export.graphs.int8_step``)."""
 INPUTS = {"shortlist_weight": (TensorProto.UINT8, ["out_size", "candidates"]),
@@ -141,9 +146,18 @@ class Shortlist:
     def of_text(self, source_ids: Sequence[int], *, own: bool = False) -> np.ndarray:
         """(n,) sorted target ids a text may produce; ``own``: but the ``always`` ones."""
         offsets, ids = self._own if own else (self.offsets, self.ids)
-        parts = [ids[offsets[p]:offsets[p + 1]] for p in set(source_ids) if 0 <= p < len(offsets) - 1]
-        words = np.unique(np.concatenate(parts)) if parts else np.zeros(0, np.int32)
+        if _attention is not None:  # the compiled union (``shortlist_words.c``): the same ids, a tenth of the time
+            out = np.empty(self._width, np.int32)
+            words = out[:_attention.shortlist_words(offsets, ids, source_ids, out)].copy()
+        else:
+            parts = [ids[offsets[p]:offsets[p + 1]] for p in set(source_ids) if 0 <= p < len(offsets) - 1]
+            words = np.unique(np.concatenate(parts)) if parts else np.zeros(0, np.int32)
         return words if own else np.union1d(self.always, words)
+
+    @functools.cached_property
+    def _width(self) -> int:
+        """Target ids are below this."""
+        return int(self.ids.max()) + 1 if len(self.ids) else 1
 
     @functools.cached_property
     def _own(self) -> tuple[np.ndarray, np.ndarray]:
