@@ -7,10 +7,12 @@ import math
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from service.decoding.batch import Batch
 from service.decoding.runtime import EncoderOutput, StepOutput
-from service.decoding.search import NEG_INF, apply, choose, normalized_score
+from service.decoding.search import NEG_INF, apply, choose, greedy, normalized_score
 from service.interface import Prepared, SpecialIds
 from service.options import DecodingOptions
 
@@ -209,3 +211,27 @@ def test_prefix_is_what_the_live_beams_agree_on() -> None:
     # after step 1 the live beams are "4" and a -inf filler (another token): nothing agreed;
     # after step 2 they are "4 5" and "4 6": "4"
     assert seen == [[], [], [4]]
+
+
+@settings(max_examples=200, deadline=None)
+@given(texts=st.integers(1, 12), k=st.integers(2, 5), eos_first=st.lists(st.booleans(), min_size=12, max_size=12),
+       ties=st.booleans(), seed=st.integers(0, 2**16))
+def test_the_greedy_path_is_the_general_choice_bit_for_bit(texts, k, eos_first, ties, seed) -> None:
+    """``greedy`` (the per-step path of beam size 1) against ``apply(choose(...))``: the same scores, tokens,
+    parents and finished hypotheses, whatever the top-k holds (EOS first or not, equal log-probabilities)."""
+    rng = np.random.default_rng(seed)
+    eos = 2
+    log_probs = -np.sort(rng.exponential(2.0, (texts, k)).astype(np.float32), axis=1)
+    if ties:
+        log_probs[:, 1] = log_probs[:, 0]
+    ids = np.stack([rng.choice(np.array([i for i in range(40) if i != eos]), k, replace=False) for _ in range(texts)])
+    ids[np.array(eos_first[:texts]), 0] = eos
+    scores = rng.normal(-3.0, 2.0, texts)
+    block_starts = np.cumsum(rng.integers(1, 3, texts)) - 1
+    want = apply(choose(scores[:, None], log_probs[:, None, :], beam_size=1, eos_id=eos, token_ids=ids[:, None, :],
+                        first_step=rng.random(texts) < 0.5), block_starts)
+    got = greedy(scores, log_probs, ids, eos_id=eos, block_starts=block_starts)
+    for name in ("scores", "tokens", "parents"):
+        a, b = getattr(got, name), getattr(want, name)
+        assert a.dtype == b.dtype and np.array_equal(a, b), name
+    assert got.ended == want.ended

@@ -24,7 +24,7 @@ import numpy as np
 
 from service.decoding import layout, shortlist, shortlist_rows
 from service.decoding.runtime import Runtime, StepOutput
-from service.decoding.search import History, apply, choose, normalized_score
+from service.decoding.search import History, apply, choose, greedy, normalized_score
 from service.interface import Decoded, Finished, Key, Prepared, SpecialIds
 
 FORGET_EVERY = 64  # steps between drops of history no live text needs
@@ -247,6 +247,8 @@ class Batch:
         if rows is not None:
             lp, ids, scores = lp[rows], ids[rows], scores[rows]
             starts, block_starts = starts[members], block_starts[members]
+        if beam == 1 and lp.shape[1] >= 2:  # greedy: the same choice without the general ranking
+            return greedy(scores, lp, ids, eos_id=self._special.eos, block_starts=block_starts)
         shape = (len(starts), beam, lp.shape[1])
         choice = choose(scores.reshape(shape[:2]), lp.reshape(shape), beam_size=beam, eos_id=self._special.eos,
                         token_ids=ids.reshape(shape), first_step=starts == self._history.steps)

@@ -119,6 +119,20 @@ def apply(choice: BeamChoice, block_starts: np.ndarray) -> Applied:
                    parents=parents, ended=ended)
 
 
+def greedy(scores: np.ndarray, log_probs: np.ndarray, token_ids: np.ndarray, *, eos_id: int,
+           block_starts: np.ndarray) -> Applied:
+    """``apply(choose(...), block_starts)`` for beam size 1, the same results without the general ranking
+    (the per-step path of greedy texts): ``scores`` (texts,), ``log_probs`` and ``token_ids`` (texts, k >= 2)
+    the top-k sorted descending. Each text takes its best token, or its second when the best is EOS (which
+    finishes it)."""
+    total = scores.astype(np.float64)[:, None] + log_probs[:, :2]  # (texts, 2)
+    eos = token_ids[:, 0] == eos_id
+    pick, live = np.arange(len(total)), eos.astype(np.int64)
+    ended = [(t, int(block_starts[t]), float(total[t, 0])) for t in np.flatnonzero(eos).tolist()]
+    return Applied(scores=total[pick, live], tokens=token_ids[pick, live].astype(np.int64, copy=False),
+                   parents=block_starts.astype(np.int64, copy=True), ended=ended)
+
+
 def normalized_score(score: float, *, length: int, length_penalty: float) -> float:
     """``score / length ** length_penalty``; length counts target tokens including EOS."""
     return score / max(length, 1) ** length_penalty
