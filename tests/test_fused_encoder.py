@@ -191,3 +191,62 @@ def test_bench_step_times_the_fused_encoder_beside_the_graphs(reversal_repositor
     assert [(e["texts"], e["form"]) for e in encoder] == [(1, "fused"), (3, "fused")]
     assert all(e["ms"] > 0 and e["graph_ms"] > 0 for e in encoder)
     assert "| 3 | fused |" in (tmp_path / "bench.md").read_text()
+
+
+def _rest(reversal_repository: Path) -> tuple:
+    """(the fused encoder, its rest's constants, a known-answer feed and the annotations the GRU kernel makes)."""
+    runtime = Engine(reversal_repository, precision="int8", intra_op_threads=1).runtime
+    encoder, feed = runtime._fused_encoder, runtime._encoder_feed()
+    return encoder, fused_encoder.rest_kernel(encoder.rest_graph), feed, encoder.run(["annotations"], feed)[0]
+
+
+def _rest_run(rest, annotations, lengths, threads=1, form=-1):
+    keys = np.empty((*annotations.shape[:2], rest.keys[4]), np.float32)
+    init = np.empty((len(annotations), rest.init[4]), np.float32)
+    _attention.encoder_rest([annotations, lengths, *rest.keys[:4], *rest.init[:4], keys, init], (rest.qmax, rest.tiny),
+                            rest.offset, threads, form)
+    return keys, init
+
+
+def test_the_compiled_rest_gives_the_keys_of_the_graph_as_written(reversal_repository: Path) -> None:
+    """``encoder_rest.c`` against the rest graph run by ONNX Runtime without its graph optimizations (the graph's
+    arithmetic as written): the keys the same bits, padding included; the initial state within 1e-6 (its own
+    tanh); both product forms and two threads the same bits."""
+    import onnxruntime as ort
+
+    encoder, rest, feed, annotations = _rest(reversal_repository)
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    session = ort.InferenceSession(encoder.rest_graph.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    want_keys, want_init = session.run(["keys", "init_state"], {"annotations": annotations})
+    keys, init = _rest_run(rest, annotations, feed["src_lengths"], form=0)
+    assert (feed["src_lengths"] < annotations.shape[1]).any()  # some padding
+    np.testing.assert_array_equal(keys, want_keys)
+    np.testing.assert_allclose(init, want_init, atol=1e-6)
+    runs = [(1, BEST if BEST == 2 else 0), (2, 0)]
+    for threads, form in runs:
+        for a, b in zip((keys, init), _rest_run(rest, annotations, feed["src_lengths"], threads, form)):
+            np.testing.assert_array_equal(a, b)
+    alone = _rest_run(rest, annotations[1:2], feed["src_lengths"][1:2])
+    np.testing.assert_array_equal(alone[0], keys[1:2])
+    np.testing.assert_array_equal(alone[1], init[1:2])
+    with pytest.raises(ValueError, match="lengths holds 0, not between 1 and T"):
+        _rest_run(rest, annotations, np.zeros_like(feed["src_lengths"]))
+
+
+def test_the_rest_kernel_serves_where_offered_and_refuses_a_graph_it_does_not_know(
+        reversal_repository: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from service.decoding import fused_middle
+
+    monkeypatch.setattr(fused_middle, "offered", lambda: None)
+    encoder = Engine(reversal_repository, precision="int8", intra_op_threads=1).runtime._fused_encoder
+    assert encoder.rest_kernel is not None
+    monkeypatch.setattr(fused_middle, "offered", lambda: "this CPU's int8 products are avx2, not AVX-512 VNNI")
+    engine = Engine(reversal_repository, precision="int8", intra_op_threads=1)
+    assert engine.runtime.encoder_form == "fused" and engine.runtime._fused_encoder.rest_kernel is None
+    assert engine.translate(["1 2 3"])[0].hypotheses[0].tokens
+    other = onnx.ModelProto()
+    other.CopyFrom(encoder.rest_graph)
+    next(n for n in other.graph.node if n.op_type == "Tanh").op_type = "Relu"
+    with pytest.raises(ValueError, match="not the keys' and the initial state's"):
+        fused_encoder.rest_kernel(other)

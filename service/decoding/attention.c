@@ -213,6 +213,9 @@ static PyMethodDef methods[] = {
     {"shortlist_words", py_shortlist_words, METH_VARARGS,
      "shortlist_words(offsets, ids, pieces, out): the union of the lists of the source pieces `pieces` (piece p's: "
      "ids[offsets[p]:offsets[p + 1]]; pieces without one bring nothing) into out, ascending; returns how many."},
+    {"encoder_rest", py_encoder_rest, METH_VARARGS,
+     "encoder_rest(arrays, (qmax, tiny), offset, threads=1, form=-1): the int8 encoder's keys and initial state from "
+     "its annotations (service/decoding/encoder_rest.c; arrays as service/decoding/fused_encoder.py gives them)."},
     {NULL, NULL, 0, NULL}};
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_attention", NULL, -1, methods, NULL, NULL, NULL, NULL};

@@ -5,7 +5,9 @@ product per time step. The kernel reads the input projections from a table made 
 source token's ``W x + Wb``, ``x`` as the graph's own embedding makes it, computed in fp32 and kept
 as float16: no product per token), and runs the recurrence in int8: the state quantized per row (``max |h| / 127``), the
 recurrent weights per output column, the products exact integer sums. The rest of the encoder (the
-keys and the initial decoder state from the annotations) stays the graph's, cut at ``annotations``.
+keys and the initial decoder state from the annotations, cut at ``annotations``) runs as a second kernel
+(``encoder_rest.c``, ``rest_kernel``: real positions only, the keys the graph's bits as written) where the
+CPU has AVX-512 VNNI (``fused_middle.offered``), else as the graph (one log line where refused).
 
 At load (``load``) the fused encoder must agree with the graph on a known-answer batch within
 ``TOLERANCE`` and give each row alone the bits it gives it in a batch (which also covers what the
@@ -15,13 +17,14 @@ the graph serves, with one log line. Measured (speed and BLEU) in ``docs/speed-r
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from service.decoding import fused
+from service.decoding import fused, fused_middle
 from service.decoding.fused import _attention, beyond
 from service.decoding.fused_graphs import ancestors, subgraph
 from service.decoding.int8_form import source_vocabulary
@@ -53,6 +56,8 @@ class FusedEncoder:
         self.colsum = (quantized.astype(np.int32).sum(axis=2) * 128).astype(np.int32)
         self.wscale = np.ascontiguousarray(scale, np.float32)
         self.bias_n = np.ascontiguousarray(bias_n, np.float32)
+        self.rest_kernel: Rest | None = None  # the rest by ``encoder_rest.c`` (``rest_kernel``), else ``rest``
+        self.rest_graph: onnx.ModelProto | None = None  # ``rest``'s graph
 
     @classmethod
     def of(cls, encoder: onnx.ModelProto, load_graph: Callable[[bytes], Any], threads: int = 1) -> FusedEncoder:
@@ -85,7 +90,14 @@ class FusedEncoder:
         rest_nodes = [n for n in graph.node if n.output[0] not in ancestors(graph, "annotations")]
         outputs = [o.name for o in graph.output if o.name != "annotations"]
         rest = subgraph(encoder, rest_nodes, ["annotations"], outputs, "fused_encoder_rest")
-        return cls(table, r, b[:, 5 * size:], load_graph(rest.SerializeToString()), threads)
+        built = cls(table, r, b[:, 5 * size:], load_graph(rest.SerializeToString()), threads)
+        built.rest_graph = rest
+        if fused_middle.offered() is None:  # the rest by encoder_rest.c where its products are offered
+            try:
+                built.rest_kernel = rest_kernel(rest)
+            except ValueError as e:
+                fused.log.info("compiled encoder rest refused (%s): it runs on ONNX Runtime's operators", e)
+        return built
 
     def run(self, names: Sequence[str] | None, feed: Mapping[str, np.ndarray]) -> list[np.ndarray]:
         ids = np.ascontiguousarray(feed["src_ids"], np.int64)
@@ -93,9 +105,71 @@ class FusedEncoder:
         annotations = np.empty((*ids.shape, 2 * self.size), np.float32)
         _attention.gru_encode(self.table, ids, lengths, self.weights, self.weights8, self.colsum, self.wscale,
                               self.bias_n, annotations, self.threads)
-        keys, init_state = self.rest.run(["keys", "init_state"], {"annotations": annotations})
+        if self.rest_kernel is not None:
+            rest = self.rest_kernel
+            keys = np.empty((*ids.shape, rest.keys[4]), np.float32)
+            init_state = np.empty((len(ids), rest.init[4]), np.float32)
+            _attention.encoder_rest([annotations, lengths, *rest.keys[:4], *rest.init[:4], keys, init_state],
+                                    (rest.qmax, rest.tiny), rest.offset, self.threads)
+        else:
+            keys, init_state = self.rest.run(["keys", "init_state"], {"annotations": annotations})
         found = {"annotations": annotations, "keys": keys, "init_state": init_state}
         return [found[n] for n in (names or OUTPUTS)]
+
+
+# the rest graph's operators but its constants, in order: the initial state's product, then the keys'
+ROW_PRODUCT = ("Abs", "ReduceMax", "Max", "Div", "Div", "Mul", "QuantizeLinear", "MatMulIntegerToFloat", "Mul", "Add")
+REST_OPS = ("Gather", "Slice", *ROW_PRODUCT, "Tanh", *ROW_PRODUCT)
+
+
+@dataclass(frozen=True)
+class Rest:
+    """``encoder_rest.c``'s constants: the keys' and the initial state's products (``fused_middle._product``:
+    panels, colsum, mult, bias, width), the row quantizer's ``qmax`` and ``tiny``, and where the initial
+    state's input starts in an annotation (``offset``)."""
+
+    keys: tuple
+    init: tuple
+    qmax: float
+    tiny: float
+    offset: int
+
+
+def rest_kernel(rest: onnx.ModelProto) -> Rest:
+    """``Rest`` of the encoder's rest graph (annotations -> keys, init_state): ValueError for another shape."""
+    graph = rest.graph
+    nodes = [n for n in graph.node if n.op_type != "Constant"]
+    if tuple(n.op_type for n in nodes) != REST_OPS or sorted(o.name for o in graph.output) != ["init_state", "keys"]:
+        raise ValueError("the rest graph is not the keys' and the initial state's row-quantized products")
+    constants = {t.name: numpy_helper.to_array(t) for t in graph.initializer}
+    constants.update({n.output[0]: numpy_helper.to_array(helper.get_attribute_value(n.attribute[0]))
+                      for n in graph.node if n.op_type == "Constant" and len(n.attribute) == 1})
+    value = lambda name: constants[name] if name in constants else fused_middle._missing(name)  # noqa: E731
+    gather, cut = nodes[0], nodes[1]
+    starts, ends, axes, *steps = (value(name).reshape(-1) for name in cut.input[1:])
+    if value(gather.input[1]).size != 1 or int(value(gather.input[1])) != 0 or \
+            helper.get_attribute_value(gather.attribute[0]) != 1 or list(axes) != [1] or \
+            any(list(step) != [1] for step in steps) or ends[0] < 2**31:
+        raise ValueError("the initial state does not read the annotations' first position from an offset to the end")
+    products = []
+    for first, source, out in ((2, cut.output[0], "init_state"), (13, "annotations", "keys")):
+        ops = nodes[first:first + len(ROW_PRODUCT)]
+        scalars = [float(value(ops[i].input[j])) for i, j in ((2, 1), (3, 1), (4, 0), (6, 1))]  # tiny, qmax, one, one
+        zero, add = int(value(ops[6].input[2])), ops[9]
+        bias = value(add.input[0] if add.input[1] == ops[8].output[0] else add.input[1])
+        if ops[0].input[0] != source or ops[5].input[0] != source or scalars[2:] != [1.0, 1.0] or zero != 128 or \
+                {a.name: helper.get_attribute_value(a) for a in ops[1].attribute} != {"axes": [-1], "keepdims": 1}:
+            raise ValueError(f"{out}'s input is not quantized per row around 128")
+        panels, colsum, mult, _, width = fused_middle._product(ops[7], value)
+        padded = np.zeros(len(mult), np.float32)
+        padded[:width] = bias.reshape(-1)
+        products.append(((panels, colsum, mult, padded, width), scalars[:2]))
+    (init, (tiny, qmax)), (keys, same) = products
+    if same != [tiny, qmax]:
+        raise ValueError("the keys and the initial state quantize with other constants")
+    if any(size % 16 for size in (keys[4], init[4], 4 * keys[0].shape[1], 4 * init[0].shape[1])):
+        raise ValueError("the keys, the initial state or their inputs are not a multiple of 16 wide")
+    return Rest(keys=keys, init=init, qmax=qmax, tiny=tiny, offset=int(starts[0]))
 
 
 def check(reference: Callable, encoder: FusedEncoder, feed: Mapping[str, np.ndarray]) -> str | None:

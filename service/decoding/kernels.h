@@ -108,6 +108,20 @@ void run_rows(RowsFn fn, const void *ctx, int64_t rows, const int64_t *weights, 
  * a ValueError naming it. */
 int get_buffer(PyObject *obj, Py_buffer *view, int ndim, char fmt, int writable, const char *name);
 
+/* An int8 product's constants (middle.c): out = (u . W - 128 colsum) * mult + bias, u as u8 quads */
+typedef struct {
+    int64_t K4, Jp, J;         /* input quads; columns as stored (a multiple of 64) and as output */
+    const int32_t *panels;     /* (Jp / 64, K4, 64): column j's s8 quad k in panel j / 64 */
+    const int32_t *colsum;     /* (Jp,) 128 x the sum of column j's weights */
+    const float *mult, *bias;  /* (Jp,): a scale x column scale; bias or NULL */
+} Product;
+
+/* out (n, J) = the product of u (n rows of K4 quads); form 2 AVX-512 VNNI, 0 plain C: the same bits */
+void int8_product(const Product *p, int64_t n, const int32_t *u, float *out, int form);
+
+/* ONNX Runtime's QuantizeLinear to u8 around 128: x / scale, clamped, rounded to even */
+void quantize_u8(int64_t n, const float *x, float scale, uint8_t *q);
+
 /* The best form of exact int8 products this CPU has: 2 AVX-512 VNNI, 1 AVX2, 0 plain C (encoder.c). */
 int int8_best_form(void);
 
@@ -117,5 +131,6 @@ PyObject *py_gru_encode(PyObject *self, PyObject *args);
 PyObject *py_gru_form(PyObject *self, PyObject *args);
 PyObject *py_middle(PyObject *self, PyObject *args);
 PyObject *py_shortlist_words(PyObject *self, PyObject *args);
+PyObject *py_encoder_rest(PyObject *self, PyObject *args);
 
 #endif

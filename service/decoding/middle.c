@@ -25,13 +25,6 @@
 #include "kernels.h"
 
 typedef struct {
-    int64_t K4, Jp, J;         /* input quads; columns as stored (a multiple of 64) and as output */
-    const int32_t *panels;     /* (Jp / 64, K4, 64): column j's s8 quad k in panel j / 64 */
-    const int32_t *colsum;     /* (Jp,) 128 x the sum of column j's weights */
-    const float *mult, *bias;  /* (Jp,): a scale x column scale; bias or NULL */
-} Product;
-
-typedef struct {
     int64_t H, P, C, E4, O, V;
     const int64_t *prev;
     const float *state, *product, *context;
@@ -97,13 +90,13 @@ static void product_plain(const Product *p, int64_t n, const int32_t *u, float *
         }
 }
 
-static void product(const Product *p, int64_t n, const int32_t *u, float *out, int form) {
+void int8_product(const Product *p, int64_t n, const int32_t *u, float *out, int form) {
     if (form == 2) product_vnni(p, n, u, out);
     else product_plain(p, n, u, out);
 }
 
 /* ONNX Runtime's QuantizeLinear to u8 with zero point 128: x / scale, clamped, rounded to even */
-CLONES static void quantize(int64_t n, const float *x, float scale, uint8_t *q) {
+CLONES void quantize_u8(int64_t n, const float *x, float scale, uint8_t *q) {
     for (int64_t j = 0; j < n; j++) {
         float v = x[j] / scale;
         v = v < -128.0f ? -128.0f : v > 127.0f ? 127.0f : v;
@@ -124,7 +117,7 @@ CLONES static void cell(int64_t H, const float *x, const float *p, const float *
         vf h = n + z * (s - n);
         memcpy(out + j, &h, sizeof h);
     }
-    quantize(H, out, unit, q);
+    quantize_u8(H, out, unit, q);
 }
 
 /* one row's deep output: the maxima of y's halves (maxout: max(y[i], y[O / 2 + i])) quantized per row into a (O / 2
@@ -138,7 +131,7 @@ static float maxout(int64_t O, const float *y, uint8_t *a, float qmax, float tin
     }
     float s = most > tiny ? most : tiny, d = qmax / s;
     for (int64_t i = 0; i < O / 2; i++) m[i] = m[i] * d;
-    quantize(O / 2, m, 1.0f, a);
+    quantize_u8(O / 2, m, 1.0f, a);
     return s;
 }
 
@@ -153,20 +146,20 @@ static void middle_rows(const void *ctx, int64_t first, int64_t last) {
         for (int64_t i = 0; i < n; i++) {
             int64_t r = first + i;
             memcpy(u + i * K4, g->emb + g->prev[r] * g->E4, (size_t)g->E4 * sizeof(int32_t));
-            quantize(g->C, g->context + r * g->C, g->unit, (uint8_t *)(u + i * K4 + g->E4));
+            quantize_u8(g->C, g->context + r * g->C, g->unit, (uint8_t *)(u + i * K4 + g->E4));
         }
-        product(&g->in, n, u, x, g->form);
+        int8_product(&g->in, n, u, x, g->form);
         for (int64_t i = 0; i < n; i++)
             cell(H, x + i * X, g->product + (first + i) * g->P + A, g->state + (first + i) * H,
                  g->next_state + (first + i) * H, (uint8_t *)(q + i * H / 4), g->unit);
-        product(&g->so, n, q, y, g->form);
+        int8_product(&g->so, n, q, y, g->form);
         for (int64_t i = 0; i < n; i++) {
             for (int64_t j = 0; j < O; j++) y[i * O + j] = y[i * O + j] + x[i * X + 3 * H + j];
             float s = maxout(O, y + i * O, (uint8_t *)(g->a + (first + i) * O / 8), g->qmax, g->tiny);
             g->scale[first + i] = s * g->inv_qmax;
         }
-        product(&g->words, n, g->a + first * O / 8, g->always + first * g->words.J, g->form);
-        product(&g->next, n, q, g->next_product + first * g->P, g->form);
+        int8_product(&g->words, n, g->a + first * O / 8, g->always + first * g->words.J, g->form);
+        int8_product(&g->next, n, q, g->next_product + first * g->P, g->form);
     }
     free(u), free(q), free(x), free(y);
 }
