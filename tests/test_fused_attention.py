@@ -343,7 +343,8 @@ _CLONES = {"arch=x86-64-v4": {"avx512f", "avx512bw", "avx512vl", "avx512dq"}, "a
            "arch=x86-64": set()}
 
 
-SOURCES = ("attention", "output_layer", "encoder", "shortlist_layer", "middle", "shortlist_words", "encoder_rest")  # setup.py
+SOURCES = ("attention", "output_layer", "encoder", "shortlist_layer", "middle", "shortlist_words",  # setup.py's
+           "encoder_rest")
 
 
 @pytest.mark.parametrize("target", list(_CLONES))

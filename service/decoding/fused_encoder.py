@@ -124,7 +124,7 @@ REST_OPS = ("Gather", "Slice", *ROW_PRODUCT, "Tanh", *ROW_PRODUCT)
 
 @dataclass(frozen=True)
 class Rest:
-    """``encoder_rest.c``'s constants: the keys' and the initial state's products (``fused_middle._product``:
+    """``encoder_rest.c``'s constants: the keys' and the initial state's products (``fused_middle.product_constants``:
     panels, colsum, mult, bias, width), the row quantizer's ``qmax`` and ``tiny``, and where the initial
     state's input starts in an annotation (``offset``)."""
 
@@ -144,7 +144,7 @@ def rest_kernel(rest: onnx.ModelProto) -> Rest:
     constants = {t.name: numpy_helper.to_array(t) for t in graph.initializer}
     constants.update({n.output[0]: numpy_helper.to_array(helper.get_attribute_value(n.attribute[0]))
                       for n in graph.node if n.op_type == "Constant" and len(n.attribute) == 1})
-    value = lambda name: constants[name] if name in constants else fused_middle._missing(name)  # noqa: E731
+    value = lambda name: constants[name] if name in constants else fused_middle.missing(name)  # noqa: E731
     gather, cut = nodes[0], nodes[1]
     starts, ends, axes, *steps = (value(name).reshape(-1) for name in cut.input[1:])
     if value(gather.input[1]).size != 1 or int(value(gather.input[1])) != 0 or \
@@ -160,7 +160,7 @@ def rest_kernel(rest: onnx.ModelProto) -> Rest:
         if ops[0].input[0] != source or ops[5].input[0] != source or scalars[2:] != [1.0, 1.0] or zero != 128 or \
                 {a.name: helper.get_attribute_value(a) for a in ops[1].attribute} != {"axes": [-1], "keepdims": 1}:
             raise ValueError(f"{out}'s input is not quantized per row around 128")
-        panels, colsum, mult, _, width = fused_middle._product(ops[7], value)
+        panels, colsum, mult, _, width = fused_middle.product_constants(ops[7], value)
         padded = np.zeros(len(mult), np.float32)
         padded[:width] = bias.reshape(-1)
         products.append(((panels, colsum, mult, padded, width), scalars[:2]))

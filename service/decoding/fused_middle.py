@@ -69,8 +69,6 @@ class MiddleKernel:
     def __init__(self, emb: np.ndarray, products: Sequence[tuple], scalars: tuple[float, ...], threads: int = 1,
                  form: int = -1) -> None:
         self.emb, self.products, self.scalars, self.threads, self.form = emb, list(products), scalars, threads, form
-        self.width = [len(p[2]) for p in products]  # padded columns; the outputs' widths below
-        self.always_words = products[2][4]
 
     @classmethod
     def of(cls, middle: onnx.ModelProto, threads: int = 1, form: int = -1) -> MiddleKernel:
@@ -78,7 +76,7 @@ class MiddleKernel:
         if tuple(n.op_type for n in nodes) != OPS:
             raise ValueError("the middle graph is not the int8 step's GRU and deep output")
         inits = {t.name: numpy_helper.to_array(t) for t in middle.graph.initializer}
-        value = lambda name: inits[name] if name in inits else _missing(name)  # noqa: E731
+        value = lambda name: inits[name] if name in inits else missing(name)  # noqa: E731
         split_state, gather, quantize = nodes[0], nodes[1], nodes[2]
         emb = value(gather.input[0])
         unit, zero = (float(value(quantize.input[1])), int(value(quantize.input[2])))
@@ -93,7 +91,7 @@ class MiddleKernel:
         out_q = nodes[25]
         if float(value(out_q.input[1])) != 1.0 or int(value(out_q.input[2])) != 128:
             raise ValueError("the output layer's input is not quantized by 1 around 128")
-        products = [_product(n, value) for n in (nodes[4], nodes[16], nodes[27], nodes[29])]
+        products = [product_constants(n, value) for n in (nodes[4], nodes[16], nodes[27], nodes[29])]
         qmax, tiny, inv_qmax = (float(value(nodes[i].input[j])) for i, j in ((23, 0), (22, 1), (26, 1)))
         return cls(np.ascontiguousarray(emb).view(np.int32), products, (unit, qmax, tiny, inv_qmax), threads, form)
 
@@ -117,7 +115,7 @@ class MiddleKernel:
         return [out[n] for n in (names or OUTPUTS)]
 
 
-def _product(node: onnx.NodeProto, value: Any) -> tuple:
+def product_constants(node: onnx.NodeProto, value: Any) -> tuple:
     """(panels, colsum, mult, bias or None, output width) of a ``MatMulIntegerToFloat`` with constant weights."""
     weight, a_scale, b_scale, a_zero, b_zero = (value(name) for name in node.input[1:6])
     if a_scale.size != 1 or a_zero.size != 1 or b_zero.size != 1 or int(a_zero.reshape(-1)[0]) != 128:
@@ -140,5 +138,6 @@ def _attributes(node: onnx.NodeProto) -> dict[str, Any]:
     return {a.name: helper.get_attribute_value(a) for a in node.attribute}
 
 
-def _missing(name: str) -> Any:
-    raise ValueError(f"{name} is not a constant of the middle graph")
+def missing(name: str) -> Any:
+    """``value``'s answer for a name that is not a constant: ValueError."""
+    raise ValueError(f"{name} is not a constant of the graph")
