@@ -34,7 +34,6 @@ from loadtest import step_graphs as sg  # noqa: E402
 from loadtest.bench_packed import busy_batch, timed  # noqa: E402
 from service.decoding import fused, packed  # noqa: E402
 from service.decoding.engine import Engine  # noqa: E402
-from service.decoding.int8_form import reported_flags  # noqa: E402
 from service.decoding.runtime import STEP_OUTPUTS  # noqa: E402
 from service.options import DecodingOptions  # noqa: E402
 
@@ -149,15 +148,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--spinning", choices=("on", "off"), default="off")
     p.add_argument("--out", type=Path, default=ROOT / "loadtest" / "results" / "bench_fused")
     args = p.parse_args(argv)
-    r = measure(args)
-    r["cpu_flags"] = reported_flags()
-    r["int8_form"] = str(Engine(args.repository, precision="int8", intra_op_threads=1).int8_form)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.with_suffix(".json").write_text(json.dumps(r, indent=1) + "\n")
-    text = markdown(r, args)
-    args.out.with_suffix(".md").write_text(text)
-    print(text)
-    return 0
+    return sg.write_results(args, measure(args), markdown)
 
 
 if __name__ == "__main__":

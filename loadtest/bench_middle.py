@@ -3,7 +3,7 @@
     python loadtest/bench_middle.py models/en-fr/4 --texts build/corpus-v2/test.jsonl \
         [--rows 1 8 32 44 64 112 160] [--draws 3] [--rounds 7] [--threads 1]
 
-Two engines of this tree as ``nmt serve`` builds them (the shortlist per row, fused kernels): the step's
+Two engines of this tree as ``nmt serve`` builds them (fused kernels; the shortlist on, per row): the step's
 middle by ``middle.c`` (``service/decoding/fused_middle.py``) and by ONNX Runtime (the middle graph, as
 where the kernel is not offered). Each batch is drawn with chances proportional to source length
 (``bench_packed.busy_batch``'s texts, ``--draws`` per row count), greedy, as the engine lays it out after
@@ -30,9 +30,8 @@ sys.path.insert(0, str(ROOT))
 
 from loadtest import step_graphs as sg  # noqa: E402
 from loadtest.bench_packed import timed  # noqa: E402
-from service.decoding import fused_middle  # noqa: E402
 from service.decoding.engine import Engine  # noqa: E402
-from service.decoding.int8_form import reported_flags  # noqa: E402
+from service.decoding.shortlist import ShortlistChoice  # noqa: E402
 from service.options import DecodingOptions  # noqa: E402
 
 FORMS = ("graph", "compiled")
@@ -40,12 +39,9 @@ OUTPUTS = ["topk_log_probs", "topk_ids", "next_state"]
 
 
 def engines(repository: Path, threads: int) -> dict[str, Engine]:
-    built = {"compiled": Engine(repository, precision="int8", intra_op_threads=threads)}
-    offered, fused_middle.offered = fused_middle.offered, lambda: "the graph's middle, to compare with"
-    try:
-        built["graph"] = Engine(repository, precision="int8", intra_op_threads=threads)
-    finally:
-        fused_middle.offered = offered
+    built = {"compiled": Engine(repository, precision="int8", intra_op_threads=threads, shortlist=ShortlistChoice.ON)}
+    with sg.graph_middle():
+        built["graph"] = Engine(repository, precision="int8", intra_op_threads=threads, shortlist=ShortlistChoice.ON)
     assert built["compiled"].runtime.middle_form == "compiled", "the compiled middle did not load"
     assert built["graph"].runtime.middle_form == "graph"
     return built
@@ -118,15 +114,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--out", type=Path, default=ROOT / "loadtest" / "results" / "bench_middle")
     args = p.parse_args(argv)
-    r = measure(args)
-    r["cpu_flags"] = reported_flags()
-    r["int8_form"] = str(Engine(args.repository, precision="int8", intra_op_threads=1).int8_form)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.with_suffix(".json").write_text(json.dumps(r, indent=1) + "\n")
-    text = markdown(r, args)
-    args.out.with_suffix(".md").write_text(text)
-    print(text)
-    return 0
+    return sg.write_results(args, measure(args), markdown)
 
 
 if __name__ == "__main__":

@@ -21,7 +21,7 @@ import platform
 from pathlib import Path
 
 from quality_engine import compare_engines, comparison_parser  # this folder's script: the same decoding loop
-from service.decoding import fused_middle
+from step_graphs import graph_middle  # and its helpers
 from service.decoding.engine import Engine
 from service.decoding.int8_form import reported_flags
 
@@ -30,15 +30,10 @@ FORMS = {"graph": False, "fused": True}
 
 def measure(repository: Path, corpus: Path, splits: list[str], beam: int, threads: int, kernel: str) -> list[dict]:
     if kernel == "middle":  # the served defaults (the shortlist per row), with and without the compiled middle
-        engines = {"fused": Engine(repository, precision="int8", intra_op_threads=threads)}
-        offered, fused_middle.offered = fused_middle.offered, lambda: "the graph's middle, to compare with"
-        try:
-            engines["graph"] = Engine(repository, precision="int8", intra_op_threads=threads)
-        finally:
-            fused_middle.offered = offered
-        engines = {"graph": engines["graph"], "fused": engines["fused"]}
-        assert isinstance(engines["fused"].runtime._step_sessions["rows"].tail, fused_middle.MiddleKernel), \
-            "the compiled middle did not load: nothing to compare"
+        with graph_middle():
+            graph = Engine(repository, precision="int8", intra_op_threads=threads)
+        engines = {"graph": graph, "fused": Engine(repository, precision="int8", intra_op_threads=threads)}
+        assert engines["fused"].runtime.middle_form == "compiled", "the compiled middle did not load: nothing to compare"
         return compare_engines(engines, corpus, splits, beam, kernel, "identical")
     engines = {form: Engine(repository, precision="int8", intra_op_threads=threads,
                             **{"fused_attention": True, "fused_encoder": True, f"fused_{kernel}": on})

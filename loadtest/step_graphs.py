@@ -12,10 +12,11 @@ floor has the output product at the union's width.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable, Iterator
 
 import numpy as np
 import onnx
@@ -31,6 +32,34 @@ from service.options import DecodingOptions
 
 TOP_K = 10  # what a beam of 5 asks for (2 x beam)
 Run = Callable[[], object]
+
+
+def write_results(args: Any, r: dict, markdown: Callable[[dict, Any], str]) -> int:
+    """``r`` with the CPU's flags and the int8 form ``args.repository`` is served in, written to ``args.out``
+    (.json, and .md by ``markdown``) and the table printed: the end of a step benchmark's ``main``."""
+    from service.decoding.int8_form import reported_flags
+
+    r["cpu_flags"] = reported_flags()
+    r["int8_form"] = str(Engine(args.repository, precision="int8", intra_op_threads=1).int8_form)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.with_suffix(".json").write_text(json.dumps(r, indent=1) + "\n")
+    text = markdown(r, args)
+    args.out.with_suffix(".md").write_text(text)
+    print(text)
+    return 0
+
+
+@contextlib.contextmanager
+def graph_middle() -> Iterator[None]:
+    """Engines built inside serve the step's middle by the graph (``fused_middle`` not offered), to compare
+    with the compiled middle; the rest as served."""
+    from service.decoding import fused_middle
+
+    offered, fused_middle.offered = fused_middle.offered, lambda: "the graph's middle, to compare with"
+    try:
+        yield
+    finally:
+        fused_middle.offered = offered
 
 
 def engines(repository: Path, threads: int) -> dict[str, Engine]:

@@ -171,6 +171,20 @@ def reversal_repository(reversal_checkpoint: Path, reversal_corpus: Path,
                              test_split=reversal_corpus / "test.jsonl")
 
 
+@pytest.fixture(scope="session")
+def shortlisted(reversal_repository: Path, reversal_corpus: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A copy of ``reversal_repository`` with a shortlist (3 words a piece, the 2 most frequent): its engines
+    score each row over its own words."""
+    import shutil
+
+    from export.graphs import shortlist as build
+
+    repo = tmp_path_factory.mktemp("shortlisted") / "reversal" / "1"
+    shutil.copytree(reversal_repository, repo)
+    build.write(repo, reversal_corpus, build.ShortlistConfig(per_source=3, frequent=2, min_count=1))
+    return repo
+
+
 # ---- servers (tests/harness.py starts them) ----------------------------------------------------
 
 @pytest.fixture(scope="session")

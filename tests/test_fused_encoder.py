@@ -238,10 +238,10 @@ def test_the_rest_kernel_serves_where_offered_and_refuses_a_graph_it_does_not_kn
         reversal_repository: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from service.decoding import fused_middle
 
-    monkeypatch.setattr(fused_middle, "offered", lambda: None)
+    monkeypatch.setattr(fused_middle, "products_offered", lambda: None)
     encoder = Engine(reversal_repository, precision="int8", intra_op_threads=1).runtime._fused_encoder
     assert encoder.rest_kernel is not None
-    monkeypatch.setattr(fused_middle, "offered", lambda: "this CPU's int8 products are avx2, not AVX-512 VNNI")
+    monkeypatch.setattr(fused_middle, "products_offered", lambda: "this CPU's int8 products are avx2, not AVX-512 VNNI")
     engine = Engine(reversal_repository, precision="int8", intra_op_threads=1)
     assert engine.runtime.encoder_form == "fused" and engine.runtime._fused_encoder.rest_kernel is None
     assert engine.translate(["1 2 3"])[0].hypotheses[0].tokens

@@ -5,7 +5,6 @@ batch invariance, what it refuses, and where the engine uses it."""
 from __future__ import annotations
 
 import logging
-import shutil
 from pathlib import Path
 
 import numpy as np
@@ -13,7 +12,7 @@ import onnx
 import onnxruntime as ort
 import pytest
 
-from export.graphs import shortlist as build
+from loadtest.step_graphs import graph_middle
 from service.decoding import fused_middle
 from service.decoding.engine import Engine
 from service.decoding.fused_graphs import ALWAYS, CONTEXT, NEXT_PRODUCT, OUTPUT_INPUT, PRODUCT, SCALE
@@ -26,21 +25,10 @@ TEXTS = ["1 2 3 4 5", "9 8 7 6 5 4 3 2 1", "4 4 4", "0 1 0 1 7 7", "3 3 9"]
 
 
 @pytest.fixture(scope="module")
-def shortlisted(reversal_repository: Path, reversal_corpus: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    repo = tmp_path_factory.mktemp("middle") / "reversal" / "1"
-    shutil.copytree(reversal_repository, repo)
-    build.write(repo, reversal_corpus, build.ShortlistConfig(per_source=3, frequent=2, min_count=1))
-    return repo
-
-
-@pytest.fixture(scope="module")
 def served(shortlisted: Path) -> tuple:
     """(the per-row step with the graph's middle, its middle graph, a feed of it from a real batch)."""
-    offered, fused_middle.offered = fused_middle.offered, lambda: "the graph's middle, to compare with"
-    try:
+    with graph_middle():
         engine = Engine(shortlisted, precision="int8", intra_op_threads=1, shortlist=ShortlistChoice.ON)
-    finally:
-        fused_middle.offered = offered
     step = engine.runtime._step_sessions["rows"]
     batch = engine.new_batch()
     batch.add([((0, i), engine.prepare_text(t, DecodingOptions(beam_size=2), i)) for i, t in enumerate(TEXTS)])
@@ -162,3 +150,22 @@ def test_the_engine_runs_it_where_offered_and_the_graph_elsewhere(shortlisted: P
         assert engine.translate(TEXTS[:2])[0].hypotheses[0].tokens
     monkeypatch.setattr(fused_middle, "_attention", None)
     assert fused_middle.offered() == "the compiled kernels are missing"
+
+
+def test_bench_middle_runs_on_a_shipped_repository(shortlisted: Path, reversal_corpus: Path, tmp_path: Path,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """``loadtest/bench_middle.py`` on a shortlisted repository (the kernel's plain form where this CPU has no
+    AVX-512 VNNI): a row per draw and a median per row count, every row the same best word both ways."""
+    import json
+
+    from loadtest import bench_middle
+
+    if not VNNI:
+        monkeypatch.setattr(fused_middle, "products_offered", lambda: None)
+    out = tmp_path / "bench_middle"
+    assert bench_middle.main([str(shortlisted), "--texts", str(reversal_corpus / "test.jsonl"), "--rows", "1", "6",
+                              "--draws", "1", "--rounds", "1", "--out", str(out)]) == 0
+    text = out.with_suffix(".md").read_text()
+    assert "| 6 | median |" in text and text.count("| 100.0% |") == 2
+    draws = json.loads(out.with_suffix(".json").read_text())["rows"]
+    assert all(d["compiled step ms"] > 0 and d["graph middle ms"] > 0 for v in draws.values() for d in v)

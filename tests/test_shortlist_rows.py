@@ -4,7 +4,6 @@ the masked graph, and for batch invariance."""
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 import numpy as np
@@ -12,7 +11,6 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from export.graphs import shortlist as build
 from service.decoding import fused_middle, shortlist, shortlist_rows
 from service.decoding.engine import Engine
 from service.decoding.shortlist import ShortlistChoice
@@ -132,14 +130,6 @@ def test_bad_words_are_refused_naming_the_limit_and_the_value(always, words, k, 
             "row_counts": np.array([len(words)], np.int64)}
     with pytest.raises(ValueError, match=match):
         _run(a, scale, layer, np.array(always, np.int64), None, [1], k, form=form, feed=feed)
-
-
-@pytest.fixture(scope="module")
-def shortlisted(reversal_repository: Path, reversal_corpus: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    repo = tmp_path_factory.mktemp("rows") / "reversal" / "1"
-    shutil.copytree(reversal_repository, repo)
-    build.write(repo, reversal_corpus, build.ShortlistConfig(per_source=3, frequent=2, min_count=1))
-    return repo
 
 
 def test_the_served_shortlist_scores_each_row_over_its_own_candidates(shortlisted: Path,

@@ -7,7 +7,7 @@ as float16: no product per token), and runs the recurrence in int8: the state qu
 recurrent weights per output column, the products exact integer sums. The rest of the encoder (the
 keys and the initial decoder state from the annotations, cut at ``annotations``) runs as a second kernel
 (``encoder_rest.c``, ``rest_kernel``: real positions only, the keys the graph's bits as written) where the
-CPU has AVX-512 VNNI (``fused_middle.offered``), else as the graph (one log line where refused).
+CPU has AVX-512 VNNI (``fused_middle.products_offered``), else as the graph (one log line where refused).
 
 At load (``load``) the fused encoder must agree with the graph on a known-answer batch within
 ``TOLERANCE`` and give each row alone the bits it gives it in a batch (which also covers what the
@@ -92,7 +92,7 @@ class FusedEncoder:
         rest = subgraph(encoder, rest_nodes, ["annotations"], outputs, "fused_encoder_rest")
         built = cls(table, r, b[:, 5 * size:], load_graph(rest.SerializeToString()), threads)
         built.rest_graph = rest
-        if fused_middle.offered() is None:  # the rest by encoder_rest.c where its products are offered
+        if fused_middle.products_offered() is None:  # the rest by encoder_rest.c where its products serve
             try:
                 built.rest_kernel = rest_kernel(rest)
             except ValueError as e:

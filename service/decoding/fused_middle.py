@@ -37,13 +37,20 @@ OPS = ("Split", "Gather", "QuantizeLinear", "Concat", "MatMulIntegerToFloat", "S
 VNNI = 2  # middle.c's form with AVX-512 VNNI
 
 
-def offered() -> str | None:
-    """None where the kernel can serve here, else why not."""
+def products_offered() -> str | None:
+    """None where ``middle.c``'s int8 products serve here (AVX-512 VNNI; the encoder's rest uses them too),
+    else why not."""
     if _attention is None:
         return "the compiled kernels are missing"
     if _attention.gru_form() != "avx512-vnni":
         return f"this CPU's int8 products are {_attention.gru_form()}, not AVX-512 VNNI"
     return None
+
+
+def offered() -> str | None:
+    """None where the compiled middle serves here, else why not (benchmarks and tests replace it to build an
+    engine with the graph's middle beside one with the kernel)."""
+    return products_offered()
 
 
 @dataclass(frozen=True)
