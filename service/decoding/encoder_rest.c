@@ -105,17 +105,11 @@ static const char *names[ARRAYS] = {"annotations", "lengths", "keys panels", "ke
 static const int ndims[ARRAYS] = {3, 1, 3, 1, 1, 1, 3, 1, 1, 1, 3, 2};
 static const char fmts[ARRAYS] = {'f', 'q', 'i', 'i', 'f', 'f', 'i', 'i', 'f', 'f', 'f', 'f'};
 
-/* product i's view (buffers b[2 + 4 i]: panels, colsum, mult, bias) of K4 quads into J columns, or a ValueError */
+/* product i's view (buffers b[2 + 4 i]: panels, colsum, mult, bias) of K4 quads into J columns, without its bias
+ * (added after the row's scale), or a ValueError */
 static int product_of(const Py_buffer *b, int i, int64_t K4, int64_t J, Product *p) {
-    const Py_buffer *w = b + 2 + 4 * i;
-    int64_t Jp = w[0].shape[0] * 64;
-    if (w[0].shape[1] != K4 || w[0].shape[2] != 64 || w[1].shape[0] != Jp || w[2].shape[0] != Jp ||
-        w[3].shape[0] != Jp || J > Jp || J <= Jp - 64) {
-        PyErr_Format(PyExc_ValueError, "encoder_rest: %s must be (ceil(%lld / 64), %lld, 64) with colsum, mult and "
-                     "bias of its padded columns", names[2 + 4 * i], (long long)J, (long long)K4);
-        return -1;
-    }
-    *p = (Product){K4, Jp, J, w[0].buf, w[1].buf, w[2].buf, NULL}; /* the bias comes after the row's scale */
+    if (product_view(b + 2 + 4 * i, "encoder_rest", names[2 + 4 * i], K4, J, p) < 0) return -1;
+    p->bias = NULL;
     return 0;
 }
 
@@ -135,12 +129,7 @@ PyObject *py_encoder_rest(PyObject *self, PyObject *args) {
         if (get_buffer(PySequence_Fast_GET_ITEM(list, got), &b[got], ndims[got], fmts[got], got >= 10, names[got]) < 0)
             ok = 0;
     if (!ok) got--;
-    g.form = form < 0 ? (int8_best_form() == 2 ? 2 : 0) : form;
-    if (ok && g.form != 0 && g.form != (int8_best_form() == 2 ? 2 : -1)) {
-        PyErr_Format(PyExc_ValueError, "encoder_rest: form %d is not available on this CPU (0, or 2 with AVX-512 VNNI)",
-                     form);
-        ok = 0;
-    }
+    if (ok && (g.form = product_form("encoder_rest", form)) < 0) ok = 0;
     PyObject *result = NULL;
     if (ok) {
         g.B = b[0].shape[0], g.T = b[0].shape[1], g.C = b[0].shape[2], g.offset = offset;

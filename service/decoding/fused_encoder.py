@@ -42,7 +42,8 @@ class FusedEncoder:
                  threads: int = 1) -> None:
         """``table`` (V, 2, 3H) input projections with their biases (and ``Rb`` for z and r);
         ``recurrent`` (2, 3H, H) float32 ``R``; ``bias_n`` (2, H) ``Rb`` of the candidate; ``rest``:
-        a session of the graph from ``annotations`` to ``keys`` and ``init_state``."""
+        a session of the graph from ``annotations`` to ``keys`` and ``init_state``
+        (None where ``rest_kernel`` computes them)."""
         self.table = np.ascontiguousarray(table, np.float16).view(np.uint16)  # half the memory of float32
         self.rest, self.threads = rest, threads
         self.size = recurrent.shape[2]
@@ -90,13 +91,14 @@ class FusedEncoder:
         rest_nodes = [n for n in graph.node if n.output[0] not in ancestors(graph, "annotations")]
         outputs = [o.name for o in graph.output if o.name != "annotations"]
         rest = subgraph(encoder, rest_nodes, ["annotations"], outputs, "fused_encoder_rest")
-        built = cls(table, r, b[:, 5 * size:], load_graph(rest.SerializeToString()), threads)
-        built.rest_graph = rest
+        kernel = None
         if fused_middle.products_offered() is None:  # the rest by encoder_rest.c where its products serve
             try:
-                built.rest_kernel = rest_kernel(rest)
+                kernel = rest_kernel(rest)
             except ValueError as e:
                 fused.log.info("compiled encoder rest refused (%s): it runs on ONNX Runtime's operators", e)
+        built = cls(table, r, b[:, 5 * size:], None if kernel else load_graph(rest.SerializeToString()), threads)
+        built.rest_kernel, built.rest_graph = kernel, rest
         return built
 
     def run(self, names: Sequence[str] | None, feed: Mapping[str, np.ndarray]) -> list[np.ndarray]:

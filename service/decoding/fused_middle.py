@@ -76,6 +76,7 @@ class MiddleKernel:
     def __init__(self, emb: np.ndarray, products: Sequence[tuple], scalars: tuple[float, ...], threads: int = 1,
                  form: int = -1) -> None:
         self.emb, self.products, self.scalars, self.threads, self.form = emb, list(products), scalars, threads, form
+        self._constants = [emb, *(a for p in products for a in p[:4])]  # the kernel's arguments every step shares
 
     @classmethod
     def of(cls, middle: onnx.ModelProto, threads: int = 1, form: int = -1) -> MiddleKernel:
@@ -115,8 +116,7 @@ class MiddleKernel:
                SCALE: np.empty((rows, 1), np.float32), ALWAYS: np.empty((rows, words[4]), np.float32),
                NEXT_PRODUCT: np.empty((rows, nxt[4]), np.float32)}
         arrays = [np.ascontiguousarray(feed["prev_tokens"], np.int64), state,
-                  *(np.ascontiguousarray(feed[n], np.float32) for n in (PRODUCT, CONTEXT)), self.emb,
-                  *(a for p in self.products for a in p[:4]),
+                  *(np.ascontiguousarray(feed[n], np.float32) for n in (PRODUCT, CONTEXT)), *self._constants,
                   *(out[n].view(np.int32) if n == OUTPUT_INPUT else out[n] for n in OUTPUTS)]
         _attention.middle(arrays, self.scalars, self.threads, self.form)
         return [out[n] for n in (names or OUTPUTS)]

@@ -119,6 +119,14 @@ typedef struct {
 /* out (n, J) = the product of u (n rows of K4 quads); form 2 AVX-512 VNNI, 0 plain C: the same bits */
 void int8_product(const Product *p, int64_t n, const int32_t *u, float *out, int form);
 
+/* The Product of the buffers w[0..3] (panels (ceil(J / 64), K4, 64); colsum, mult and bias of the padded columns,
+ * bias.buf NULL for none), or -1 with a ValueError naming `who`'s `name` */
+int product_view(const Py_buffer *w, const char *who, const char *name, int64_t K4, int64_t J, Product *p);
+
+/* The products' form: -1 asks for the best here (2 with AVX-512 VNNI, else 0); another this CPU cannot run is -1
+ * with a ValueError naming `who` */
+int product_form(const char *who, int form);
+
 /* ONNX Runtime's QuantizeLinear to u8 around 128: x / scale, clamped, rounded to even */
 void quantize_u8(int64_t n, const float *x, float scale, uint8_t *q);
 

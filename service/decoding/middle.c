@@ -173,19 +173,30 @@ static const int ndims[ARRAYS] = {1, 2, 2, 2, 2, 3, 1, 1, 1, 3, 1, 1, 1, 3, 1, 1
 static const char fmts[ARRAYS] = {'q', 'f', 'f', 'f', 'i', 'i', 'i', 'f', 'f', 'i', 'i', 'f', 'f', 'i', 'i', 'f',
                                   'f', 'i', 'i', 'f', 'f', 'f', 'i', 'f', 'f', 'f'};
 
-/* product i's view (its buffers from b[INPUTS + 4 i]; J its output's width), or a ValueError */
-static int product_of(const Py_buffer *b, int i, int64_t J, int64_t K4, Product *p) {
-    const Py_buffer *w = b + INPUTS + 4 * i;
+int product_view(const Py_buffer *w, const char *who, const char *name, int64_t K4, int64_t J, Product *p) {
     int64_t Jp = w[0].shape[0] * 64;
     int has_bias = w[3].buf != NULL;
     if (w[0].shape[1] != K4 || w[0].shape[2] != 64 || w[1].shape[0] != Jp || w[2].shape[0] != Jp ||
         (has_bias && w[3].shape[0] != Jp) || J > Jp || J <= Jp - 64) {
-        PyErr_Format(PyExc_ValueError, "middle: %s must be (ceil(%lld / 64), %lld, 64) with colsum, mult and bias of "
-                     "its padded columns", names[INPUTS + 4 * i], (long long)J, (long long)K4);
+        PyErr_Format(PyExc_ValueError, "%s: %s must be (ceil(%lld / 64), %lld, 64) with colsum, mult and bias of "
+                     "its padded columns", who, name, (long long)J, (long long)K4);
         return -1;
     }
     *p = (Product){K4, Jp, J, w[0].buf, w[1].buf, w[2].buf, has_bias ? w[3].buf : NULL};
     return 0;
+}
+
+int product_form(const char *who, int form) {
+    int best = int8_best_form() == 2 ? 2 : 0;
+    if (form < 0) return best;
+    if (form == 0 || form == best) return form;
+    PyErr_Format(PyExc_ValueError, "%s: form %d is not available on this CPU (0, or 2 with AVX-512 VNNI)", who, form);
+    return -1;
+}
+
+/* product i's view (its buffers from b[INPUTS + 4 i]; J its output's width), or a ValueError */
+static int product_of(const Py_buffer *b, int i, int64_t J, int64_t K4, Product *p) {
+    return product_view(b + INPUTS + 4 * i, "middle", names[INPUTS + 4 * i], K4, J, p);
 }
 
 static int check(const Py_buffer *b, Middle *g) {
@@ -229,11 +240,7 @@ PyObject *py_middle(PyObject *self, PyObject *args) {
         if (get_buffer(o, &b[got], ndims[got], fmts[got], got >= INPUTS + 4 * PRODUCTS, names[got]) < 0) ok = 0;
     }
     if (!ok) got--;
-    g.form = form < 0 ? (int8_best_form() == 2 ? 2 : 0) : form;
-    if (ok && g.form != 0 && g.form != (int8_best_form() == 2 ? 2 : -1)) {
-        PyErr_Format(PyExc_ValueError, "middle: form %d is not available on this CPU (0, or 2 with AVX-512 VNNI)", form);
-        ok = 0;
-    }
+    if (ok && (g.form = product_form("middle", form)) < 0) ok = 0;
     PyObject *result = NULL;
     if (ok) g.prev = b[0].buf, g.state = b[1].buf, g.product = b[2].buf, g.context = b[3].buf, g.emb = b[4].buf;
     if (ok && check(b, &g) == 0) {

@@ -149,7 +149,7 @@ class Runtime:
     @property
     def middle_form(self) -> str:
         """How the per-row shortlist's step runs its middle: compiled (``fused_middle``), or graph."""
-        return shortlist_rows.middle_form(getattr(self, "_step_sessions", {}).get("rows"))
+        return shortlist_rows.middle_form(self._step_sessions["rows"]) if self.shortlist_rows else "graph"
 
     @property
     def packed(self) -> bool:

@@ -113,11 +113,11 @@ def known_answer(feed: Mapping[str, np.ndarray], vocab: int, always: np.ndarray,
 
 
 def load(step: onnx.ModelProto, like: fused.FusedStep, masked: Any, layer: OutputLayer, always: np.ndarray,
-         feed: Mapping[str, np.ndarray], *, compiled: bool = True) -> RowShortlistStep | None:
+         feed: Mapping[str, np.ndarray]) -> RowShortlistStep | None:
     """The per-row form of ``step`` (``always``: the shortlist's always-words) if the kernel is there and
     it agrees, on ``feed`` (the known-answer step feed), with ``masked`` (the shortlist's masked session:
-    ``run(names, feed + row_bias)``); else None with one log line. ``compiled``: its middle by
-    ``fused_middle.MiddleKernel`` where offered and it passes the same check (else the graph's, one log line)."""
+    ``run(names, feed + row_bias)``); else None with one log line. Its middle by ``fused_middle.MiddleKernel``
+    where offered and it passes the same check; else the graph's, with one log line."""
     texts = known_answer(feed, len(layer.bias), always)
     beams = [2] * (len(texts) - 1) + [len(feed["state"]) - 2 * (len(texts) - 1)]
     row_feed = {**feed, **candidates([np.setdiff1d(ids, always) for ids in texts], beams).feed}
@@ -126,11 +126,11 @@ def load(step: onnx.ModelProto, like: fused.FusedStep, masked: Any, layer: Outpu
         bias[i, ids] = layer.bias[ids]
     reference = lambda f: masked.run(NAMES, {**f, "row_bias": np.repeat(bias, beams, axis=0)})  # noqa: E731
     check = lambda rows: fused.check(reference, rows, row_feed, NAMES, shared=SHARED)  # noqa: E731
-    if compiled and (why := fused_middle.offered()) is None:
+    if (why := fused_middle.offered()) is None:
         found = fused.checked("compiled middle", "the step's middle", lambda: RowShortlistStep.cut(
             step, like, always, compiled=True), check)
         if found is not None:
             return found
-    elif compiled:
+    else:
         fused.log.info("compiled middle not offered (%s): the step's middle runs on ONNX Runtime's operators", why)
     return fused.checked("shortlist per row", "the shortlist", lambda: RowShortlistStep.cut(step, like, always), check)
