@@ -180,7 +180,7 @@ class ProcessScheduler(Scheduler):
                 for key, _ in (f for tick in ticks for f in tick.finished):  # first: their rows are free
                     self.state.finish(key)
                 now, cycle = self._next_cycle()
-                busy_at = now if rows or sent > applied else busy_at
+                busy_at = now if rows or sent > applied or ticks else busy_at  # a tick: it had rows till now
                 quiet = not rows and sent == applied and not here.live_rows and now - busy_at >= LOCAL_QUIET
                 cycle, local = _split(cycle, here, idle=quiet)
                 stream = tuple(self.state.running[key].stream for key, _ in cycle.add)
