@@ -19,6 +19,11 @@ rounds of ``--duration`` seconds each (after a warm-up). Around every round:
   engine thread spent in decoder steps and in joins (encoder runs and the context
   they fill); the rest of its wall time is its Python between them and its waits.
 
+With ``--bins-ms MS``, one more round per shape is sampled in bins of MS milliseconds
+(``thread_bins``: every thread's time on CPU read every ``MS / 5`` ms by a process of its own): the
+bins sorted by the engine's cores, with every group's mean beside them, and the longest stretch in
+which the engine (nearly) idled: the phases that a round's averages hide.
+
 Reports medians of the rounds. Linux only (``/proc``). Writes ``--out`` ``.md`` and ``.json``.
 """
 
@@ -42,6 +47,7 @@ sys.path.insert(0, str(ROOT / "loadtest"))
 from bench_release import descendants, saturate, serve, write_results  # noqa: E402
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 from service_load import cpu_seconds  # noqa: E402
+import thread_bins  # noqa: E402
 from service.decoding.int8_form import FormChoice, cpu_flags, decide, reported_flags  # noqa: E402
 from service.scheduling.remote import DRIVER_THREAD  # noqa: E402
 from service.scheduling.scheduler import ENGINE_THREAD  # noqa: E402
@@ -119,12 +125,29 @@ def one_round(server, texts: list[str], per_call: int, args: argparse.Namespace,
             "engine_in_joins": m["nmt_encode_duration_seconds_sum"] / wall}
 
 
+def bins_round(server, texts: list[str], per_call: int, args: argparse.Namespace) -> dict:
+    """One more round, its threads sampled in bins of ``--bins-ms`` (``thread_bins``)."""
+    pid = server.proc.pid
+    paths = thread_bins.schedstat_paths((pid, *descendants(pid)), lambda process, tid, name: group_of(
+        pid, process, tid, name))
+    paths.update(thread_bins.schedstat_paths([os.getpid()], lambda *_: "clients"))
+    bin_s = args.bins_ms / 1000
+    rows = thread_bins.start_sampling(list(paths), args.duration - 1, bin_s / 5, delay=0.5)  # inside the load
+    result = asyncio.run(saturate(server.address, texts, per_call=per_call, clients=args.clients,
+                                  duration=args.duration, seed=7))
+    bins = thread_bins.binned(rows(), list(paths.values()), bin_s)
+    engine = "engine process" if any(b.get("engine process", 0) for b in bins) else "engine thread"
+    return {"texts_per_s": result["texts_per_s"], "bins": len(bins), "engine": engine,
+            "by_busy": thread_bins.by_busy(bins, engine), "longest_idle": thread_bins.longest_below(bins, engine, 0.2)}
+
+
 def run(args: argparse.Namespace) -> dict:
     lines = Path(args.texts).read_text(encoding="utf-8").splitlines()
     texts = [json.loads(line)["src_raw"] for line in lines if line.strip()][: args.max_texts]
     args.out.parent.mkdir(parents=True, exist_ok=True)
     server = serve(ROOT, "cpu_split", args.out.parent, args.model)
     rounds: dict[int, list[dict]] = {n: [] for n in SHAPES}
+    sampled: dict[int, dict] = {}
     try:
         for per_call in SHAPES:
             asyncio.run(saturate(server.address, texts, per_call=per_call, clients=args.clients,
@@ -134,9 +157,11 @@ def run(args: argparse.Namespace) -> dict:
                 rounds[per_call].append(got)
                 print(f"{per_call}/call round {r}: {got['texts_per_s']:.0f} texts/s, server "
                       f"{got['server_cores']:.2f} cores, clients {got['client_cores']:.2f}", flush=True)
+            if args.bins_ms:
+                sampled[per_call] = bins_round(server, texts, per_call, args)
     finally:
         server.stop()
-    return {"rounds": rounds, "flags": reported_flags(), "int8_form": decide(FormChoice.AUTO, cpu_flags())[0].value,
+    return {"rounds": rounds, "bins": sampled, "flags": reported_flags(), "int8_form": decide(FormChoice.AUTO, cpu_flags())[0].value,
             "cpus": os.cpu_count(), "clients": args.clients, "duration": args.duration,
             "model": args.model or "(served by default)"}
 
@@ -144,7 +169,7 @@ def run(args: argparse.Namespace) -> dict:
 def markdown(r: dict, args: argparse.Namespace) -> str:
     out = ["# Where a saturated server's CPU goes", "",
            f"`python loadtest/bench_cpu_split.py --texts {args.texts} --rounds {args.rounds} --duration {args.duration:g} "
-           f"--clients {args.clients}`; model {r['model']}; {r['cpus']} CPUs, CPU flags {', '.join(r['flags']) or 'none'}, "
+           f"--clients {args.clients}{f' --bins-ms {args.bins_ms:g}' if args.bins_ms else ''}`; model {r['model']}; {r['cpus']} CPUs, CPU flags {', '.join(r['flags']) or 'none'}, "
            f"int8 form {r['int8_form']}; `nmt serve` defaults. Medians of {args.rounds} rounds. Cores: CPU seconds "
            "per second of wall time.", "",
            "| texts per call | texts/s | clients (cores) | server (cores) | " + " | ".join(GROUPS) + " |",
@@ -166,7 +191,26 @@ def markdown(r: dict, args: argparse.Namespace) -> str:
                    f"{m['engine_in_joins']:.0%} | {rest:.0%} |")
     out += ["", "Busiest threads per round (cores): " + "; ".join(
         f"{n}/call " + ", ".join(f"{g} {v:.2f}" for g, v in rs[0]["busiest"]) for n, rs in r["rounds"].items())]
-    return "\n".join(out) + "\n"
+    return "\n".join(out + bins_markdown(r["bins"], args)) + "\n"
+
+
+def bins_markdown(sampled: dict, args: argparse.Namespace) -> list[str]:
+    out = []
+    for n, b in sampled.items():
+        names = list(b["by_busy"][0]["means"])
+        out += ["", f"{n}/call, one more round in {args.bins_ms:g} ms bins ({b['bins']} bins, "
+                f"{b['texts_per_s']:.0f} texts/s under the sampler), by the {b['engine']}'s cores in a bin; "
+                "each group's mean cores there:", "",
+                f"| {b['engine']} cores | share of bins | " + " | ".join(names) + " | total |",
+                "|---|---:|" + "---:|" * (len(names) + 1)]
+        for row in b["by_busy"]:
+            low, high = row["range"]
+            span = f"{low:g}-{high:g}" if high is not None else f"{low:g} or more"
+            out.append(f"| {span} | {row['share']:.0%} | " + " | ".join(
+                f"{row['means'][g]:.2f}" for g in names) + f" | {row['total']:.2f} |")
+        out += ["", f"Longest stretch with the {b['engine']} under 0.2 cores: {b['longest_idle']} bins "
+                f"({b['longest_idle'] * args.bins_ms:g} ms)."]
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -178,6 +222,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--clients", type=int, default=128)
     p.add_argument("--max-texts", type=int, default=1000)
     p.add_argument("--out", type=Path, default=ROOT / "loadtest" / "results" / "bench_cpu_split")
+    p.add_argument("--bins-ms", type=float, default=0.0, help="one more round per shape in bins of this many ms")
     args = p.parse_args(argv)
     if not Path("/proc/self/task").is_dir():
         raise SystemExit("bench_cpu_split needs Linux's /proc")
