@@ -75,20 +75,10 @@ def group_of(pid: int, process: int, tid: int, name: str) -> str:
 def server_threads(pid: int) -> dict[tuple[int, str], float]:
     """(tid, group) -> CPU seconds so far, for every thread of process ``pid`` and of its children."""
     out = {}
-    for process in (pid, *descendants(pid)):
-        try:
-            tasks = list(Path(f"/proc/{process}/task").iterdir())
-        except OSError:  # the process ended meanwhile
-            continue
-        for task in tasks:
-            try:
-                name = (task / "comm").read_text().strip()
-            except OSError:  # the thread ended meanwhile
-                continue
-            tid = int(task.name)
-            seconds = cpu_seconds(process, tid)
-            if not math.isnan(seconds):  # the thread was still there
-                out[(tid, group_of(pid, process, tid, name))] = seconds
+    for process, tid, name, _ in thread_bins.threads((pid, *descendants(pid))):
+        seconds = cpu_seconds(process, tid)
+        if not math.isnan(seconds):  # the thread was still there
+            out[(tid, group_of(pid, process, tid, name))] = seconds
     return out
 
 

@@ -17,15 +17,14 @@ import os
 import statistics
 import time
 from pathlib import Path
-from typing import Callable, Iterable, Sequence
+from typing import Callable, Iterable, Iterator, Sequence
 
 BUCKETS = ((0.0, 0.2), (0.2, 0.6), (0.6, 0.9), (0.9, float("inf")))
 """``by_busy``'s ranges of one group's cores in a bin."""
 
 
-def schedstat_paths(pids: Iterable[int], group: Callable[[int, int, str], str]) -> dict[str, str]:
-    """``/proc/<pid>/task/<tid>/schedstat`` -> ``group(pid, tid, name)``, for every live thread of ``pids``."""
-    out = {}
+def threads(pids: Iterable[int]) -> Iterator[tuple[int, int, str, Path]]:
+    """(pid, tid, name, ``/proc/<pid>/task/<tid>``) of every live thread of ``pids``."""
     for pid in pids:
         try:
             tasks = list(Path(f"/proc/{pid}/task").iterdir())
@@ -36,8 +35,12 @@ def schedstat_paths(pids: Iterable[int], group: Callable[[int, int, str], str]) 
                 name = (task / "comm").read_text().strip()
             except OSError:  # the thread ended meanwhile
                 continue
-            out[str(task / "schedstat")] = group(pid, int(task.name), name)
-    return out
+            yield pid, int(task.name), name, task
+
+
+def schedstat_paths(pids: Iterable[int], group: Callable[[int, int, str], str]) -> dict[str, str]:
+    """``/proc/<pid>/task/<tid>/schedstat`` -> ``group(pid, tid, name)``, for every live thread of ``pids``."""
+    return {str(task / "schedstat"): group(pid, tid, name) for pid, tid, name, task in threads(pids)}
 
 
 def sample(paths: Sequence[str], seconds: float, period: float) -> list[list[float]]:
