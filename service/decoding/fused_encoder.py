@@ -39,11 +39,12 @@ class FusedEncoder:
     """Runs like an ONNX Runtime session (``run(names, feed)``) on ``src_ids`` and ``src_lengths``."""
 
     def __init__(self, table: np.ndarray, recurrent: np.ndarray, bias_n: np.ndarray, rest: Any,
-                 threads: int = 1) -> None:
+                 threads: int = 1, *, rest_kernel: Rest | None = None, rest_graph: onnx.ModelProto | None = None
+                 ) -> None:
         """``table`` (V, 2, 3H) input projections with their biases (and ``Rb`` for z and r);
         ``recurrent`` (2, 3H, H) float32 ``R``; ``bias_n`` (2, H) ``Rb`` of the candidate; ``rest``:
-        a session of the graph from ``annotations`` to ``keys`` and ``init_state``
-        (None where ``rest_kernel`` computes them)."""
+        a session of ``rest_graph``, the graph from ``annotations`` to ``keys`` and ``init_state``
+        (None where ``rest_kernel``, ``encoder_rest.c``'s constants, computes them)."""
         self.table = np.ascontiguousarray(table, np.float16).view(np.uint16)  # half the memory of float32
         self.rest, self.threads = rest, threads
         self.size = recurrent.shape[2]
@@ -57,8 +58,7 @@ class FusedEncoder:
         self.colsum = (quantized.astype(np.int32).sum(axis=2) * 128).astype(np.int32)
         self.wscale = np.ascontiguousarray(scale, np.float32)
         self.bias_n = np.ascontiguousarray(bias_n, np.float32)
-        self.rest_kernel: Rest | None = None  # the rest by ``encoder_rest.c`` (``rest_kernel``), else ``rest``
-        self.rest_graph: onnx.ModelProto | None = None  # ``rest``'s graph
+        self.rest_kernel, self.rest_graph = rest_kernel, rest_graph
 
     @classmethod
     def of(cls, encoder: onnx.ModelProto, load_graph: Callable[[bytes], Any], threads: int = 1) -> FusedEncoder:
@@ -97,9 +97,8 @@ class FusedEncoder:
                 kernel = rest_kernel(rest)
             except ValueError as e:
                 fused.log.info("compiled encoder rest refused (%s): it runs on ONNX Runtime's operators", e)
-        built = cls(table, r, b[:, 5 * size:], None if kernel else load_graph(rest.SerializeToString()), threads)
-        built.rest_kernel, built.rest_graph = kernel, rest
-        return built
+        return cls(table, r, b[:, 5 * size:], None if kernel else load_graph(rest.SerializeToString()), threads,
+                   rest_kernel=kernel, rest_graph=rest)
 
     def run(self, names: Sequence[str] | None, feed: Mapping[str, np.ndarray]) -> list[np.ndarray]:
         ids = np.ascontiguousarray(feed["src_ids"], np.int64)

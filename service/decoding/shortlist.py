@@ -34,12 +34,8 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from service import config
+from service.decoding.fused import _attention  # None where installed without a C compiler: numpy's union
 from service.text import placeholders
-
-try:
-    from service.decoding import _attention
-except ImportError:  # installed without a C compiler: numpy's union
-    _attention = None
 
 WEIGHT, SCALE, BIAS = "output_product/weight", "output_product/weight_scale", "output_bias"
 """Names of the output layer's constants in the int8 step (``export.graphs.int8_step``)."""
