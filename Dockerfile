@@ -37,8 +37,8 @@ RUN if ! command -v python3 >/dev/null; then \
  && python3 -m venv /opt/venv
 ENV PATH=/opt/venv/bin:$PATH
 WORKDIR /src
-# setup.py compiles the fused kernels (service/decoding/*.c: attention, middle, output layers, encoder and its rest,
-# shortlist words): a C compiler and
+# setup.py compiles the fused kernels (service/decoding/*.c: attention, query, middle, output layers, encoder and
+# its rest, shortlist words): a C compiler and
 # Python's headers in this stage only (the serve stage gets the built module, no compiler).
 # hadolint ignore=DL3008
 RUN need=""; command -v cc >/dev/null || need="gcc libc6-dev"; \

@@ -10,7 +10,11 @@ where the kernel is not offered). Each batch is drawn with chances proportional 
 its first step; the step runs as a running batch's does (the state's product carried). The two take
 turns: ``--rounds`` rounds of 20 runs of the whole step, and of the middle alone; medians. Every draw
 also reports how many rows choose the same best word and the largest differences of the next state and
-of the best log-probability. Writes ``loadtest/results/bench_middle.{md,json}`` with the CPU's flags.
+of the best log-probability. And the product a join needs (the query graph on 4 new texts' first states)
+right after the compiled engine's step, as in a running engine: by ONNX Runtime's query session (the graph
+engine's: its own copy of the weights, cold by then) and by the compiled engine's ``QueryKernel`` (the
+middle's copy); medians of 20 each per round. Writes ``loadtest/results/bench_middle.{md,json}`` with the
+CPU's flags.
 """
 
 from __future__ import annotations
@@ -20,7 +24,9 @@ import json
 import platform
 import statistics
 import sys
+import time
 from pathlib import Path
+from typing import Any, Callable
 
 import numpy as np
 import onnxruntime as ort
@@ -47,9 +53,21 @@ def engines(repository: Path, threads: int) -> dict[str, Engine]:
     return built
 
 
-def draw(built: dict[str, Engine], texts: list[str], lengths: np.ndarray, rows: int, seed: int, rounds: int) -> dict:
+def after(step: Callable[[], object], query: Any, new: np.ndarray, runs: int = 20) -> float:
+    """ms of ``query``'s product of the states ``new`` run right after a step, as at a join (the median of ``runs``)."""
+    times = []
+    for _ in range(runs):
+        step()
+        started = time.perf_counter()
+        query.run(None, {"state": new})
+        times.append(time.perf_counter() - started)
+    return statistics.median(times) * 1e3
+
+
+def draw(built: dict[str, Engine], texts: list[str], lengths: np.ndarray, rows: int, seed: int, rounds: int,
+         join: int = 4) -> dict:
     pick = np.random.default_rng(seed).choice(len(texts), size=rows, p=lengths / lengths.sum())
-    runs, got = {}, {}
+    runs, got, queries = {}, {}, {}
     for form, engine in built.items():
         feed, candidates = sg.step_feed(engine, [texts[i] for i in pick], beam=1)
         step = engine.runtime.step_session(False, candidates)
@@ -57,11 +75,16 @@ def draw(built: dict[str, Engine], texts: list[str], lengths: np.ndarray, rows: 
         product = step.product(full["state"])
         runs[f"{form} step"] = lambda s=step, f=full, p=product: (s.keep(f["state"], p), s.run(OUTPUTS, f))
         runs[f"{form} middle"] = step.stages(full)["middle graph"]
-        got[form] = step.run(OUTPUTS, full)
+        got[form], queries[form] = step.run(OUTPUTS, full), step.query
+        if form == "compiled":
+            new = np.resize(full["state"], (join, full["state"].shape[1]))  # a join's first states
+            compiled_step = runs["compiled step"]
+    for form, query in queries.items():  # each after the compiled step, where ONNX Runtime's copy is cold
+        runs[f"{form} join product"] = lambda q=query: after(compiled_step, q, new)
     ms: dict[str, list[float]] = {name: [] for name in runs}
     for r in range(rounds):
         for name in (runs if r % 2 == 0 else list(runs)[::-1]):  # taking turns, the order alternating
-            ms[name].append(timed(runs[name]))
+            ms[name].append(runs[name]() if name.endswith("join product") else timed(runs[name]))
     a, b = got["graph"], got["compiled"]
     return {"seed": seed, **{f"{name} ms": statistics.median(v) for name, v in ms.items()},
             "same_best": float(np.mean(a[1][:, 0] == b[1][:, 0])),
@@ -88,19 +111,23 @@ def markdown(r: dict, args: argparse.Namespace) -> str:
              "", f"{platform.machine()}, CPU flags: {', '.join(r['cpu_flags'])}; int8 form **{r['int8_form']}**; "
              f"{args.threads} thread(s); onnxruntime {ort.__version__}. Greedy rows drawn with chances proportional "
              "to source length; ms: medians of rounds of 20 runs, the four runs taking turns. Step: the whole step "
-             "as a running batch's (attention kernel, middle, shortlist kernel; the product carried).", "",
+             "as a running batch's (attention kernel, middle, shortlist kernel; the product carried). Join product: "
+             "the query graph on 4 new states right after the compiled step (ONNX Runtime's session, the kernel).", "",
              "| rows | draw | graph step ms | compiled step ms | step ratio | graph middle ms | compiled middle ms "
-             "| middle ratio | same best word | max best log-prob diff | max next-state diff |",
-             "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "| middle ratio | same best word | max best log-prob diff | max next-state diff | graph join product ms "
+             "| compiled join product ms | join ratio |",
+             "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for rows, draws in r["rows"].items():
         for d in draws:
             lines.append(f"| {rows} | {d['seed']} | {d['graph step ms']:.3f} | {d['compiled step ms']:.3f} | "
                          f"{d['graph step ms'] / d['compiled step ms']:.2f}x | {d['graph middle ms']:.3f} | "
                          f"{d['compiled middle ms']:.3f} | {d['graph middle ms'] / d['compiled middle ms']:.2f}x | "
-                         f"{d['same_best']:.1%} | {d['max_best_log_prob_diff']:.2g} | {d['max_next_state_diff']:.2g} |")
-        step = statistics.median(d["graph step ms"] / d["compiled step ms"] for d in draws)
-        middle = statistics.median(d["graph middle ms"] / d["compiled middle ms"] for d in draws)
-        lines.append(f"| {rows} | median | | | **{step:.2f}x** | | | **{middle:.2f}x** | | | |")
+                         f"{d['same_best']:.1%} | {d['max_best_log_prob_diff']:.2g} | {d['max_next_state_diff']:.2g} | "
+                         f"{d['graph join product ms']:.3f} | {d['compiled join product ms']:.3f} | "
+                         f"{d['graph join product ms'] / d['compiled join product ms']:.2f}x |")
+        step, middle, join = (statistics.median(d[f"graph {part} ms"] / d[f"compiled {part} ms"] for d in draws)
+                              for part in ("step", "middle", "join product"))
+        lines.append(f"| {rows} | median | | | **{step:.2f}x** | | | **{middle:.2f}x** | | | | | | **{join:.2f}x** |")
     return "\n".join(lines) + "\n"
 
 

@@ -8,6 +8,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from service.decoding import layout
 from service.decoding.layout import compact_order as _compact_order
@@ -181,6 +183,16 @@ def test_compact_order_moves_few_rows(sizes: list[int], keep: list[int], order: 
     offsets = np.cumsum([0, *sizes])
     index = np.concatenate([np.arange(offsets[i], offsets[i + 1]) for i in got] or [np.zeros(0, int)])
     assert np.count_nonzero(index != np.arange(len(index))) == moved  # rows copied to a new place
+
+
+@given(st.lists(st.booleans(), max_size=40))
+def test_compact_order_of_one_row_texts_moves_only_those_past_the_end(keep: list[bool]) -> None:
+    """Greedy texts (one row each): a kept text inside the new layout stays; those past its end fill the
+    leavers' places, in order."""
+    got, n = _compact_order([1] * len(keep), keep), sum(keep)
+    assert sorted(got) == [i for i, k in enumerate(keep) if k]
+    assert all(got[i] == i for i in range(n) if keep[i])
+    assert [got[i] for i in range(n) if not keep[i]] == [i for i in range(n, len(keep)) if keep[i]]
 
 
 def test_removing_a_text_frees_its_rows(engine: Engine, test_sources: list[str], alone: list) -> None:

@@ -344,7 +344,7 @@ _CLONES = {"arch=x86-64-v4": {"avx512f", "avx512bw", "avx512vl", "avx512dq"}, "a
 
 
 SOURCES = ("attention", "output_layer", "encoder", "shortlist_layer", "middle", "shortlist_words",  # setup.py's
-           "encoder_rest")
+           "encoder_rest", "query")
 
 
 @pytest.mark.parametrize("target", list(_CLONES))

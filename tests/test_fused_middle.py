@@ -143,6 +143,8 @@ def test_the_engine_runs_it_where_offered_and_the_graph_elsewhere(shortlisted: P
             engine = Engine(shortlisted, precision="int8", intra_op_threads=1, shortlist=ShortlistChoice.ON)
         tail = engine.runtime._step_sessions["rows"].tail
         assert isinstance(tail, fused_middle.MiddleKernel) is compiled
+        query = engine.runtime._step_sessions["rows"].query  # the joins' too: one query for both steps
+        assert isinstance(query, fused_middle.QueryKernel) is compiled and engine.runtime._fused.query is query
         assert engine.shortlist_reason.endswith(f"each row over its own words, middle {'compiled' if compiled else 'graph'}")
         said = [r.getMessage() for r in caplog.records if "compiled middle" in r.getMessage()]
         assert said == ([] if compiled else ["compiled middle not offered (this CPU's int8 products are avx2, not "
@@ -169,3 +171,59 @@ def test_bench_middle_runs_on_a_shipped_repository(shortlisted: Path, reversal_c
     assert "| 6 | median |" in text and text.count("| 100.0% |") == 2
     draws = json.loads(out.with_suffix(".json").read_text())["rows"]
     assert all(d["compiled step ms"] > 0 and d["graph middle ms"] > 0 for v in draws.values() for d in v)
+
+
+@pytest.mark.parametrize("form", [0, fused_middle.VNNI])
+def test_the_query_kernel_gives_the_query_graphs_bits(served, form: int) -> None:
+    """``QueryKernel`` (the query graph on the middle kernel's next product): ONNX Runtime's bits on a real
+    batch's states, on states past the quantizer's range, on one row, and on none; each row alone as in the batch."""
+    if form == fused_middle.VNNI and not VNNI:
+        pytest.skip(f"this CPU has no AVX-512 VNNI (its int8 products: {_attention.gru_form()})")
+    step, graph, feed = served
+    for threads in (1, 2):
+        kernel = fused_middle.QueryKernel.of(step.graphs["query"], fused_middle.MiddleKernel.of(graph, threads, form))
+        wide = np.random.default_rng(1).normal(0, 3, (9, feed["state"].shape[1])).astype(np.float32)
+        for state in (feed["state"], wide, wide[:1], wide[:0]):
+            got = kernel.run(None, {"state": state})[0]
+            np.testing.assert_array_equal(got, step.query.run(None, {"state": state})[0])
+            np.testing.assert_array_equal(got[-1:], kernel.run(None, {"state": state[-1:]})[0])
+
+
+def test_a_query_graph_that_is_not_the_middles_next_product_is_refused(served) -> None:
+    step, graph, feed = served
+    kernel = fused_middle.MiddleKernel.of(graph, form=0)
+    other = onnx.ModelProto()
+    other.CopyFrom(step.graphs["query"])
+    weight = next(t for t in other.graph.initializer if t.name == other.graph.node[1].input[1])
+    changed = onnx.numpy_helper.to_array(weight).copy()
+    changed[0, 0] ^= 1
+    weight.CopyFrom(onnx.numpy_helper.from_array(changed, weight.name))
+    with pytest.raises(ValueError, match="not the middle's next product"):
+        fused_middle.QueryKernel.of(other, kernel)
+    other.graph.node[0].op_type = "DynamicQuantizeLinear"
+    with pytest.raises(ValueError, match="not a state's quantizer and product"):
+        fused_middle.QueryKernel.of(other, kernel)
+    query = fused_middle.QueryKernel.of(step.graphs["query"], kernel)
+    with pytest.raises(ValueError, match="shapes do not agree"):
+        _attention.state_product((np.ascontiguousarray(feed["state"][:, :-2]), *query.product[:4],
+                                  np.empty((len(feed["state"]), query.product[4]), np.float32)), 1.0)
+    with pytest.raises(ValueError, match="must be .* with colsum"):  # out's width is not the product's
+        _attention.state_product((feed["state"], *query.product[:4], np.empty((len(feed["state"]), 8), np.float32)),
+                                 1.0)
+
+
+def test_a_query_kernel_that_differs_from_the_graph_is_not_used(shortlisted: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                caplog: pytest.LogCaptureFixture) -> None:
+    """The check at load: a kernel whose product is off by one ulp leaves ONNX Runtime's query session, one log line."""
+    monkeypatch.setattr(fused_middle, "offered", lambda: None)  # the compiled middle (its plain form without VNNI)
+    run = fused_middle.QueryKernel.run
+    monkeypatch.setattr(fused_middle.QueryKernel, "run", lambda self, names, feed: [
+        np.nextafter(p, np.inf) for p in run(self, names, feed)])
+    with caplog.at_level(logging.INFO, logger="nmt.fused"):
+        engine = Engine(shortlisted, precision="int8", intra_op_threads=1, shortlist=ShortlistChoice.ON)
+    rows = engine.runtime._step_sessions["rows"]
+    assert isinstance(rows.tail, fused_middle.MiddleKernel) and isinstance(rows.query, ort.InferenceSession)
+    assert [r.getMessage() for r in caplog.records if "compiled query" in r.getMessage()] == [
+        "compiled query refused (its product is not the query graph's bits): the query graph runs on ONNX Runtime's "
+        "operators"]
+    assert engine.translate(TEXTS[:2])[0].hypotheses[0].tokens

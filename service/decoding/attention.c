@@ -141,6 +141,36 @@ int get_buffer(PyObject *obj, Py_buffer *view, int ndim, char fmt, int writable,
     return 0;
 }
 
+PyObject *run_rows_released(RowsFn fn, const void *ctx, int64_t rows, const int64_t *weights, int64_t cap, int threads,
+                            const int *failed) {
+    Py_BEGIN_ALLOW_THREADS
+    run_rows(fn, ctx, rows, weights, cap, threads);
+    Py_END_ALLOW_THREADS
+    return *failed ? PyErr_NoMemory() : Py_NewRef(Py_None);
+}
+
+int get_buffers(PyObject *arrays, Py_buffer *b, int n, const int *ndims, const char *fmts, const char *const *names,
+                int outputs, int (*optional)(int i), const char *who) {
+    PyObject *list = PySequence_Fast(arrays, "");
+    if (!list) {
+        PyErr_Format(PyExc_TypeError, "%s: arrays must be a sequence", who);
+        return -1;
+    }
+    int ok = PySequence_Fast_GET_SIZE(list) == n;
+    if (!ok) PyErr_Format(PyExc_ValueError, "%s: %d arrays expected", who, n);
+    for (int i = 0; ok && i < n; i++) {
+        PyObject *o = PySequence_Fast_GET_ITEM(list, i);
+        if (o == Py_None && optional && optional(i)) continue;
+        if (get_buffer(o, &b[i], ndims[i], fmts[i], i >= outputs, names[i]) < 0) ok = 0;
+    }
+    Py_DECREF(list); /* each view holds its array */
+    return ok ? 0 : -1;
+}
+
+void release_buffers(Py_buffer *b, int n) {
+    for (int i = 0; i < n; i++) PyBuffer_Release(&b[i]); /* an empty view (no obj): nothing */
+}
+
 static PyObject *py_attend(PyObject *self, PyObject *args) {
     (void)self;
     PyObject *o[8] = {NULL};
@@ -216,6 +246,10 @@ static PyMethodDef methods[] = {
     {"encoder_rest", py_encoder_rest, METH_VARARGS,
      "encoder_rest(arrays, (qmax, tiny), offset, threads=1, form=-1): the int8 encoder's keys and initial state from "
      "its annotations (service/decoding/encoder_rest.c; arrays as service/decoding/fused_encoder.py gives them)."},
+    {"state_product", py_state_product, METH_VARARGS,
+     "state_product((state, panels, colsum, mult, bias, out), unit, threads=1, form=-1): the fused step's query graph, "
+     "out (rows, J) = the int8 product of q(state) (service/decoding/query.c; the product's arrays as "
+     "service/decoding/fused_middle.py gives them); form as middle's, same results."},
     {NULL, NULL, 0, NULL}};
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_attention", NULL, -1, methods, NULL, NULL, NULL, NULL};

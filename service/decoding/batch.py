@@ -225,10 +225,12 @@ class Batch:
     def _new_layout(self) -> None:
         """Offsets and beam-size groups of the current texts (they change only when texts
         join or leave, not every step)."""
-        sizes = np.unique(self._beams)
-        groups = ([(int(sizes[0]), None)] if len(sizes) == 1 else
-                  [(int(b), np.flatnonzero(self._beams == b)) for b in sizes])
-        self._layout = (np.concatenate([[0], np.cumsum(self._beams)]), groups)
+        beams = self._beams
+        sizes = np.unique(beams) if len(beams) and (beams != beams[0]).any() else beams[:1]  # (unique's sort is slow)
+        groups = [(int(sizes[0]), None)] if len(sizes) == 1 else [(int(b), np.flatnonzero(beams == b)) for b in sizes]
+        offsets = np.zeros(len(beams) + 1, np.int64)
+        np.cumsum(beams, out=offsets[1:])
+        self._layout = (offsets, groups)
         self._candidates = None
         lists, texts = self._runtime.shortlist, [t.candidates for t in self._texts]
         if lists is not None and texts:
@@ -284,8 +286,9 @@ class Batch:
 
     def _keep(self, order: list[int], row_index: np.ndarray) -> None:
         """Keep texts ``order`` (their rows ``row_index`` of the current layout)."""
-        gone = set(range(len(self._texts))) - set(order)
-        self._attention -= sum(self._texts[i].prepared.options.return_attention for i in gone)
+        if self._attention:  # texts returning attention: count those leaving
+            gone = set(range(len(self._texts))) - set(order)
+            self._attention -= sum(self._texts[i].prepared.options.return_attention for i in gone)
         self._texts = [self._texts[i] for i in order]
         self._beams, self._starts, self._limits, self._lengths, self._ended = (
             a[order] for a in (self._beams, self._starts, self._limits, self._lengths, self._ended))

@@ -115,20 +115,13 @@ static int product_of(const Py_buffer *b, int i, int64_t K4, int64_t J, Product 
 
 PyObject *py_encoder_rest(PyObject *self, PyObject *args) {
     (void)self;
-    PyObject *arrays, *list;
+    PyObject *arrays;
     Rest g = {0};
     int threads = 1, form = -1;
     long long offset = 0;
-    if (!PyArg_ParseTuple(args, "O(ff)L|ii", &arrays, &g.qmax, &g.tiny, &offset, &threads, &form) ||
-        !(list = PySequence_Fast(arrays, "encoder_rest: arrays must be a sequence")))
-        return NULL;
+    if (!PyArg_ParseTuple(args, "O(ff)L|ii", &arrays, &g.qmax, &g.tiny, &offset, &threads, &form)) return NULL;
     Py_buffer b[ARRAYS] = {{0}};
-    int got = 0, ok = PySequence_Fast_GET_SIZE(list) == ARRAYS;
-    if (!ok) PyErr_Format(PyExc_ValueError, "encoder_rest: %d arrays expected", ARRAYS);
-    for (; ok && got < ARRAYS; got++)
-        if (get_buffer(PySequence_Fast_GET_ITEM(list, got), &b[got], ndims[got], fmts[got], got >= 10, names[got]) < 0)
-            ok = 0;
-    if (!ok) got--;
+    int ok = get_buffers(arrays, b, ARRAYS, ndims, fmts, names, 10, NULL, "encoder_rest") == 0;
     if (ok && (g.form = product_form("encoder_rest", form)) < 0) ok = 0;
     PyObject *result = NULL;
     if (ok) {
@@ -152,13 +145,8 @@ PyObject *py_encoder_rest(PyObject *self, PyObject *args) {
     if (ok) {
         g.ann = b[0].buf, g.lengths = b[1].buf, g.out_keys = b[10].buf, g.out_init = b[11].buf;
         g.keys_bias = b[5].buf, g.init_bias = b[9].buf;
-        Py_BEGIN_ALLOW_THREADS
-        run_rows(rest_rows, &g, g.B, g.lengths, g.T, threads);
-        Py_END_ALLOW_THREADS
-        if (g.failed) PyErr_NoMemory();
-        else result = Py_NewRef(Py_None);
+        result = run_rows_released(rest_rows, &g, g.B, g.lengths, g.T, threads, &g.failed);
     }
-    for (int i = 0; i < got; i++) PyBuffer_Release(&b[i]);
-    Py_DECREF(list);
+    release_buffers(b, ARRAYS);
     return result;
 }

@@ -122,6 +122,47 @@ class MiddleKernel:
         return [out[n] for n in (names or OUTPUTS)]
 
 
+class QueryKernel:
+    """The query graph (``fused_graphs.split_step``: the state's ``QuantizeLinear`` and product) run by ``query.c``
+    on the middle kernel's next product: the same weights (``with_next_product`` copied them from this graph) in
+    the panels the middle reads every step. It runs at joins (the new texts' first states), where ONNX Runtime's
+    own prepacked copy is cold: 189 us for 4 rows in a steady-state engine loop against 39 us run alone
+    [avx2 avx512_vnni] (``docs/speed-round2.md``). ``run(names, feed)`` as the query graph's session."""
+
+    def __init__(self, middle: MiddleKernel, output: str = PRODUCT) -> None:
+        self.middle, self.product, self.output = middle, middle.products[3], output
+
+    @classmethod
+    def of(cls, query: onnx.ModelProto, middle: MiddleKernel) -> QueryKernel:
+        """ValueError unless ``query`` is the middle's next product on its own input (quantizer and constants)."""
+        nodes = list(query.graph.node)
+        if tuple(n.op_type for n in nodes) != ("QuantizeLinear", "MatMulIntegerToFloat"):
+            raise ValueError("the query graph is not a state's quantizer and product")
+        inits = {t.name: numpy_helper.to_array(t) for t in query.graph.initializer}
+        value = lambda name: inits[name] if name in inits else missing(name)  # noqa: E731
+        quantizer = (float(value(nodes[0].input[1])), int(value(nodes[0].input[2])))
+        theirs, ours = product_constants(nodes[1], value), middle.products[3]
+        same = quantizer == (middle.scalars[0], 128) and theirs[4] == ours[4] and all(
+            (a is None and b is None) or (a is not None and b is not None and np.array_equal(a, b))
+            for a, b in zip(theirs[:4], ours[:4]))
+        if not same:
+            raise ValueError("the query graph's quantizer or product is not the middle's next product")
+        return cls(middle, query.graph.output[0].name)
+
+    def get_inputs(self) -> list[Named]:
+        return [Named("state")]
+
+    def get_outputs(self) -> list[Named]:
+        return [Named(self.output)]
+
+    def run(self, names: Sequence[str] | None, feed: Mapping[str, np.ndarray]) -> list[np.ndarray]:
+        state = np.ascontiguousarray(feed["state"], np.float32)
+        out = np.empty((len(state), self.product[4]), np.float32)
+        _attention.state_product((state, *self.product[:4], out), self.middle.scalars[0], self.middle.threads,
+                                 self.middle.form)
+        return [out]
+
+
 def product_constants(node: onnx.NodeProto, value: Any) -> tuple:
     """(panels, colsum, mult, bias or None, output width) of a ``MatMulIntegerToFloat`` with constant weights."""
     weight, a_scale, b_scale, a_zero, b_zero = (value(name) for name in node.input[1:6])

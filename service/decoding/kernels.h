@@ -102,11 +102,21 @@ static inline float hsum(vf acc) { /* the 16 lanes summed in a fixed order */
  * ROWS_PER_THREAD rows each; a thread that cannot start leaves its part to the caller). */
 typedef void (*RowsFn)(const void *ctx, int64_t first, int64_t last);
 void run_rows(RowsFn fn, const void *ctx, int64_t rows, const int64_t *weights, int64_t cap, int threads);
+/* run_rows without the GIL, then None; NULL with a MemoryError where a part set *failed (read after all ended) */
+PyObject *run_rows_released(RowsFn fn, const void *ctx, int64_t rows, const int64_t *weights, int64_t cap, int threads,
+                            const int *failed);
 
 /* A C-contiguous numpy array of `ndim` dimensions and items `fmt` ('f' float32, 'i' int32, 'q' int64, 'H' float16 as
  * its bits), or -1 with
  * a ValueError naming it. */
 int get_buffer(PyObject *obj, Py_buffer *view, int ndim, char fmt, int writable, const char *name);
+
+/* The n arrays of the sequence `arrays` into b (zeroed by the caller), each as get_buffer reads it (writable from
+ * index `outputs` on); None where optional(i) allows it (b[i] stays empty). 0, or -1 with an exception set
+ * ("<who>: ..."); either way the caller releases b with release_buffers. */
+int get_buffers(PyObject *arrays, Py_buffer *b, int n, const int *ndims, const char *fmts, const char *const *names,
+                int outputs, int (*optional)(int i), const char *who);
+void release_buffers(Py_buffer *b, int n);
 
 /* An int8 product's constants (middle.c): out = (u . W - 128 colsum) * mult + bias, u as u8 quads */
 typedef struct {
@@ -140,5 +150,6 @@ PyObject *py_gru_form(PyObject *self, PyObject *args);
 PyObject *py_middle(PyObject *self, PyObject *args);
 PyObject *py_shortlist_words(PyObject *self, PyObject *args);
 PyObject *py_encoder_rest(PyObject *self, PyObject *args);
+PyObject *py_state_product(PyObject *self, PyObject *args);
 
 #endif

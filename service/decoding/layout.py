@@ -96,6 +96,10 @@ def compact_order(sizes: Sequence[int], keep: Sequence[bool]) -> list[int]:
     size inside it. When that cannot tile the new layout exactly, the kept
     blocks keep their relative order (everything after a leaver moves up).
     """
+    if all(size == 1 for size in sizes):  # one row each (greedy): the same order without the offsets
+        n = sum(map(bool, keep))
+        movers = (i for i in range(n, len(keep)) if keep[i])  # into the holes, in order
+        return [i if keep[i] else next(movers) for i in range(n)]
     kept = [i for i, k in enumerate(keep) if k]
     offsets = np.cumsum([0, *sizes]).tolist()
     n = sum(sizes[i] for i in kept)

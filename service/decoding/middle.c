@@ -73,7 +73,12 @@ VNNI static void product_vnni(const Product *p, int64_t n, const int32_t *u, flo
         const int32_t *w = p->panels + j0 * p->K4;
         int64_t i0 = 0;
         for (; i0 + BLOCK <= n; i0 += BLOCK) tile(BLOCK, p, u, w, out, i0, j0);
-        for (; i0 < n; i0++) tile(1, p, u, w, out, i0, j0);
+        switch (n - i0) { /* the last rows in one pass over the panel, not one pass each */
+        case 3: tile(3, p, u, w, out, i0, j0); break;
+        case 2: tile(2, p, u, w, out, i0, j0); break;
+        case 1: tile(1, p, u, w, out, i0, j0); break;
+        default: break;
+        }
     }
 }
 
@@ -223,23 +228,17 @@ static int check(const Py_buffer *b, Middle *g) {
     return 0;
 }
 
+static int bias_slot(int i) { return i >= INPUTS && i < INPUTS + 4 * PRODUCTS && (i - INPUTS) % 4 == 3; }
+
 PyObject *py_middle(PyObject *self, PyObject *args) {
     (void)self;
-    PyObject *arrays, *list;
+    PyObject *arrays;
     int threads = 1, form = -1;
     Middle g = {0};
-    if (!PyArg_ParseTuple(args, "O(ffff)|ii", &arrays, &g.unit, &g.qmax, &g.tiny, &g.inv_qmax, &threads, &form) ||
-        !(list = PySequence_Fast(arrays, "middle: arrays must be a sequence")))
+    if (!PyArg_ParseTuple(args, "O(ffff)|ii", &arrays, &g.unit, &g.qmax, &g.tiny, &g.inv_qmax, &threads, &form))
         return NULL;
-    Py_buffer b[ARRAYS] = {{0}};
-    int got = 0, ok = PySequence_Fast_GET_SIZE(list) == ARRAYS;
-    if (!ok) PyErr_Format(PyExc_ValueError, "middle: %d arrays expected", ARRAYS);
-    for (; ok && got < ARRAYS; got++) {
-        PyObject *o = PySequence_Fast_GET_ITEM(list, got);
-        if (o == Py_None && got >= INPUTS && (got - INPUTS) % 4 == 3) continue; /* a product without bias */
-        if (get_buffer(o, &b[got], ndims[got], fmts[got], got >= INPUTS + 4 * PRODUCTS, names[got]) < 0) ok = 0;
-    }
-    if (!ok) got--;
+    Py_buffer b[ARRAYS] = {{0}}; /* a product without bias: None */
+    int ok = get_buffers(arrays, b, ARRAYS, ndims, fmts, names, INPUTS + 4 * PRODUCTS, bias_slot, "middle") == 0;
     if (ok && (g.form = product_form("middle", form)) < 0) ok = 0;
     PyObject *result = NULL;
     if (ok) g.prev = b[0].buf, g.state = b[1].buf, g.product = b[2].buf, g.context = b[3].buf, g.emb = b[4].buf;
@@ -247,14 +246,8 @@ PyObject *py_middle(PyObject *self, PyObject *args) {
         const Py_buffer *out = b + INPUTS + 4 * PRODUCTS;
         g.next_state = out[0].buf, g.a = out[1].buf, g.scale = out[2].buf, g.always = out[3].buf;
         g.next_product = out[4].buf;
-        Py_BEGIN_ALLOW_THREADS
-        run_rows(middle_rows, &g, b[0].shape[0], NULL, 0, threads);
-        Py_END_ALLOW_THREADS
-        if (g.failed) PyErr_NoMemory();
-        else result = Py_NewRef(Py_None);
+        result = run_rows_released(middle_rows, &g, b[0].shape[0], NULL, 0, threads, &g.failed);
     }
-    for (int i = 0; i < got; i++)
-        if (b[i].buf) PyBuffer_Release(&b[i]);
-    Py_DECREF(list);
+    release_buffers(b, ARRAYS);
     return result;
 }

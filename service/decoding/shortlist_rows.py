@@ -98,10 +98,12 @@ def candidates(texts: Sequence[np.ndarray], beams: Sequence[int], always: int = 
     """The step's ``ROW_INPUTS`` for texts of ``beams`` rows each (each text's own words: sorted, none of
     them one of the ``always`` always-words; ``Shortlist.of_text(own=True)``)."""
     counts = np.array([len(ids) for ids in texts], dtype=np.int64)
-    starts = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)
-    return Candidates(feed={"candidate_ids": np.concatenate([np.zeros(0, np.int32), *texts]).astype(np.int32),
-                            "row_starts": np.repeat(starts, beams), "row_counts": np.repeat(counts, beams)},
-                      always=always)
+    starts = np.zeros(len(counts), np.int64)
+    np.cumsum(counts[:-1], out=starts[1:])
+    greedy = all(b == 1 for b in beams)  # (each text one row: no repeats)
+    return Candidates(feed={"candidate_ids": np.concatenate([np.zeros(0, np.int32), *texts], dtype=np.int32),
+                            "row_starts": starts if greedy else np.repeat(starts, beams),
+                            "row_counts": counts if greedy else np.repeat(counts, beams)}, always=always)
 
 
 def known_answer(feed: Mapping[str, np.ndarray], vocab: int, always: np.ndarray, seed: int = 0) -> list[np.ndarray]:
@@ -117,7 +119,8 @@ def load(step: onnx.ModelProto, like: fused.FusedStep, masked: Any, layer: Outpu
     """The per-row form of ``step`` (``always``: the shortlist's always-words) if the kernel is there and
     it agrees, on ``feed`` (the known-answer step feed), with ``masked`` (the shortlist's masked session:
     ``run(names, feed + row_bias)``); else None with one log line. Its middle by ``fused_middle.MiddleKernel``
-    where offered and it passes the same check; else the graph's, with one log line."""
+    where offered and it passes the same check (and then its query graph by ``compiled_query``); else the
+    graph's, with one log line."""
     texts = known_answer(feed, len(layer.bias), always)
     beams = [2] * (len(texts) - 1) + [len(feed["state"]) - 2 * (len(texts) - 1)]
     row_feed = {**feed, **candidates([np.setdiff1d(ids, always) for ids in texts], beams).feed}
@@ -130,7 +133,23 @@ def load(step: onnx.ModelProto, like: fused.FusedStep, masked: Any, layer: Outpu
         found = fused.checked("compiled middle", "the step's middle", lambda: RowShortlistStep.cut(
             step, like, always, compiled=True), check)
         if found is not None:
+            compiled_query(found, like, feed["state"])
             return found
     else:
         fused.log.info("compiled middle not offered (%s): the step's middle runs on ONNX Runtime's operators", why)
     return fused.checked("shortlist per row", "the shortlist", lambda: RowShortlistStep.cut(step, like, always), check)
+
+
+def compiled_query(rows: RowShortlistStep, like: fused.FusedStep, state: np.ndarray) -> None:
+    """``rows``' query graph (and ``like``'s, where they share it: joins run ``like``'s) by
+    ``fused_middle.QueryKernel`` on its compiled middle's weights, if it gives the graph's bits on
+    ``state``; else as it was, with one log line."""
+    def problem(kernel: fused_middle.QueryKernel) -> str | None:
+        same = np.array_equal(kernel.run(None, {"state": state})[0], rows.query.run(None, {"state": state})[0])
+        return None if same else "its product is not the query graph's bits"
+    kernel = fused.checked("compiled query", "the query graph",
+                           lambda: fused_middle.QueryKernel.of(rows.graphs["query"], rows.tail), problem)
+    if kernel is not None:
+        if like.query is rows.query:
+            like.query = kernel
+        rows.query = kernel
