@@ -247,3 +247,32 @@ def test_a_version_copied_file_by_file_loads_and_only_what_stays_broken_is_refus
         assert server.api.Translate(REQUEST, timeout=30).model_version == "2"
     refused = [r.getMessage() for r in caplog.records if r.name == "nmt.app" and r.getMessage().startswith("refused")]
     assert len(refused) == 1 and refused[0].startswith("refused reversal/3: ") and "decoder_step.onnx" in refused[0]
+
+
+def test_what_a_freeze_kept_is_collected_when_a_model_unloads() -> None:
+    """``freeze_heap`` (once the server is ready) hides start-up's objects from the cyclic collector;
+    ``release_memory`` (a model version unloads) makes them collectable first: a reference cycle of the
+    start-up heap that became garbage is freed then, and what stays alive is frozen again."""
+    import gc
+    import weakref
+
+    from service.process import GEN0_THRESHOLD, freeze_heap, release_memory
+
+    class Node:
+        pass
+
+    before = gc.get_threshold()
+    try:
+        node = Node()
+        node.cycle = node
+        gone = weakref.ref(node)
+        freeze_heap()
+        del node
+        gc.collect()
+        assert gone() is not None  # frozen: unseen by the collector
+        release_memory()
+        assert gone() is None and gc.get_freeze_count() > 0
+        assert gc.get_threshold()[0] == GEN0_THRESHOLD
+    finally:
+        gc.unfreeze()
+        gc.set_threshold(*before)

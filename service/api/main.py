@@ -16,7 +16,7 @@ from service.api.auth import TlsFiles, TokenFile
 from service.api.server import build, log
 from service.config import ConfigError, ServeConfig, parse
 from service.errors import ModelRepositoryError, ProviderUnavailableError
-from service.process import global_pools_allowed, sched_batch
+from service.process import freeze_heap, global_pools_allowed, sched_batch
 from service.scheduling.remote import ProcessScheduler
 
 
@@ -38,6 +38,7 @@ async def serve(config: ServeConfig) -> int:
         log.exception("start-up failed (warm-up translation)")
         await app.stop(0)
         return 1
+    freeze_heap()  # the models are loaded and warm
     await stop.wait()
     log.info("draining: NOT_SERVING, up to %.1f s for in-flight calls", config.grace_period)
     await app.stop(config.grace_period)

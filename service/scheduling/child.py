@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from service.interface import Decoded, Key, Prepared
-from service.process import name_os_thread
+from service.process import freeze_heap, name_os_thread
 from service.scheduling.admission import Cycle
 from service.scheduling.lanes import Lanes, change, step
 from service.scheduling.scheduler import ENGINE_THREAD
@@ -84,6 +84,7 @@ def serve_engine(conn: Connection, kind: type, root: str, construction: dict[str
     except Exception as e:  # the server process loaded the same model: only a fault gets here
         conn.send(("failed", f"{type(e).__name__}: {e}"))
         return
+    freeze_heap()
     conn.send(("ready", engine.int8_form))
     try:
         _decode(conn, engine)
