@@ -67,24 +67,24 @@ def after(step: Callable[[], object], query: Any, new: np.ndarray, runs: int = 2
 def draw(built: dict[str, Engine], texts: list[str], lengths: np.ndarray, rows: int, seed: int, rounds: int,
          join: int = 4) -> dict:
     pick = np.random.default_rng(seed).choice(len(texts), size=rows, p=lengths / lengths.sum())
-    runs, got, queries = {}, {}, {}
+    steps, runs, got, queries = {}, {}, {}, {}  # runs: name -> a round's ms
     for form, engine in built.items():
         feed, candidates = sg.step_feed(engine, [texts[i] for i in pick], beam=1)
         step = engine.runtime.step_session(False, candidates)
         full = {**feed, **candidates.feed}
         product = step.product(full["state"])
-        runs[f"{form} step"] = lambda s=step, f=full, p=product: (s.keep(f["state"], p), s.run(OUTPUTS, f))
-        runs[f"{form} middle"] = step.stages(full)["middle graph"]
+        steps[form] = lambda s=step, f=full, p=product: (s.keep(f["state"], p), s.run(OUTPUTS, f))
+        runs[f"{form} step"] = lambda s=steps[form]: timed(s)
+        runs[f"{form} middle"] = lambda m=step.stages(full)["middle graph"]: timed(m)
         got[form], queries[form] = step.run(OUTPUTS, full), step.query
         if form == "compiled":
             new = np.resize(full["state"], (join, full["state"].shape[1]))  # a join's first states
-            compiled_step = runs["compiled step"]
     for form, query in queries.items():  # each after the compiled step, where ONNX Runtime's copy is cold
-        runs[f"{form} join product"] = lambda q=query: after(compiled_step, q, new)
+        runs[f"{form} join product"] = lambda q=query: after(steps["compiled"], q, new)
     ms: dict[str, list[float]] = {name: [] for name in runs}
     for r in range(rounds):
         for name in (runs if r % 2 == 0 else list(runs)[::-1]):  # taking turns, the order alternating
-            ms[name].append(runs[name]() if name.endswith("join product") else timed(runs[name]))
+            ms[name].append(runs[name]())
     a, b = got["graph"], got["compiled"]
     return {"seed": seed, **{f"{name} ms": statistics.median(v) for name, v in ms.items()},
             "same_best": float(np.mean(a[1][:, 0] == b[1][:, 0])),

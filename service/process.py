@@ -123,7 +123,7 @@ def freeze_heap() -> None:
     (``gc.freeze``): a full collection then traverses what serving allocates only (at one text per
     call in the server process: 1.4 ms instead of 37 ms, an event loop's pause), and the youngest
     generation is collected every ``GEN0_THRESHOLD`` allocations (0.27 s of collections in 10 s of
-    saturation before, 0.02 s after: ``docs/speed-round2.md``). Called once the server (or an
+    saturation before, 0.04 s after: ``docs/speed-round2.md``). Called once the server (or an
     engine process) is ready."""
     gc.collect()
     gc.freeze()

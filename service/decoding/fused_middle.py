@@ -129,8 +129,8 @@ class QueryKernel:
     own prepacked copy is cold: 189 us for 4 rows in a steady-state engine loop against 39 us run alone
     [avx2 avx512_vnni] (``docs/speed-round2.md``). ``run(names, feed)`` as the query graph's session."""
 
-    def __init__(self, middle: MiddleKernel, output: str = PRODUCT) -> None:
-        self.middle, self.product, self.output = middle, middle.products[3], output
+    def __init__(self, middle: MiddleKernel) -> None:
+        self.middle, self.product = middle, middle.products[3]
 
     @classmethod
     def of(cls, query: onnx.ModelProto, middle: MiddleKernel) -> QueryKernel:
@@ -147,13 +147,7 @@ class QueryKernel:
             for a, b in zip(theirs[:4], ours[:4]))
         if not same:
             raise ValueError("the query graph's quantizer or product is not the middle's next product")
-        return cls(middle, query.graph.output[0].name)
-
-    def get_inputs(self) -> list[Named]:
-        return [Named("state")]
-
-    def get_outputs(self) -> list[Named]:
-        return [Named(self.output)]
+        return cls(middle)
 
     def run(self, names: Sequence[str] | None, feed: Mapping[str, np.ndarray]) -> list[np.ndarray]:
         state = np.ascontiguousarray(feed["state"], np.float32)
